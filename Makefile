@@ -1,0 +1,45 @@
+# Two commands do everything from a fresh clone (see README.md):
+#   make book   execute every notebook, build the book, print where it is
+#   make test   library tests, then the same build, then checks on the rendered site
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SITE := _build/site
+HTML := _build/_build/html
+JB_FLAGS := --all -W -n --keep-going
+
+.PHONY: book test lab install notebooks html clean
+
+# The environment is (re)installed when it is missing or the pins change.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# papermill runs each notebook in a fresh kernel into $(SITE)/notebooks (cached locally, never on CI).
+notebooks: $(STAMP)
+	$(BIN)/python tools/run_notebooks.py
+
+# Jupyter Book renders the executed copies; it never executes anything itself.
+html: notebooks
+	rm -rf $(HTML)
+	cd $(SITE) && $(abspath $(BIN))/jupyter-book build . --path-output .. $(JB_FLAGS)
+
+book: html
+	@echo ""
+	@echo "The book is at $(abspath $(HTML))/index.html"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests/lib tests/conventions
+	$(MAKE) html
+	$(BIN)/python -m pytest tests/book
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+clean:
+	rm -rf _build

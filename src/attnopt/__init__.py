@@ -1,0 +1,11 @@
+"""attnopt — attention as optimization.
+
+The library under the course book *Attention as Optimization*.  Each module is one view of the
+attention mechanism as the solution of an optimization problem; see the book's API reference.
+"""
+
+from .attention import attention_scores, attention_weights, scaled_dot_product_attention
+
+__version__ = "0.1.0"
+
+__all__ = ["attention_scores", "attention_weights", "scaled_dot_product_attention", "__version__"]

@@ -1,0 +1,125 @@
+"""One figure style for the whole book.
+
+Figures are drawn on an opaque white canvas with dark ink and a colour-blind-safe palette
+(Okabe & Ito), so they stay legible when the book is read in its dark theme: the theme shows
+images as they are, and a transparent figure with black text would vanish on a dark page.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+__all__ = ["PALETTE", "attention_heatmap", "small_multiples", "use_book_style"]
+
+#: Okabe–Ito colours, safe for the common forms of colour blindness.
+PALETTE = {
+    "blue": "#0072B2",
+    "orange": "#E69F00",
+    "green": "#009E73",
+    "vermillion": "#D55E00",
+    "sky": "#56B4E9",
+    "purple": "#CC79A7",
+    "yellow": "#F0E442",
+    "black": "#000000",
+}
+
+_STYLE = {
+    "figure.facecolor": "white",
+    "axes.facecolor": "white",
+    "savefig.facecolor": "white",
+    "savefig.transparent": False,
+    "savefig.bbox": "tight",
+    "figure.dpi": 110,
+    "savefig.dpi": 110,
+    "figure.figsize": (6.4, 4.0),
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "axes.edgecolor": "#333333",
+    "axes.labelcolor": "#111111",
+    "text.color": "#111111",
+    "xtick.color": "#333333",
+    "ytick.color": "#333333",
+    "axes.grid": False,
+    "grid.color": "#dddddd",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "image.cmap": "viridis",
+    "legend.frameon": False,
+    "axes.prop_cycle": mpl.cycler(color=[PALETTE[k] for k in ("blue", "orange", "green", "vermillion", "purple", "sky", "black")]),
+}
+
+
+def use_book_style() -> None:
+    """Apply the book's Matplotlib style (white canvas, palette, sizes) to the current session."""
+    mpl.rcParams.update(_STYLE)
+    # Jupyter's inline backend draws its own figure background; make it the same opaque white.
+    try:  # pragma: no cover - only inside IPython
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+
+        set_matplotlib_formats("png", facecolor="white")
+    except Exception:
+        pass
+
+
+def _numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x)
+
+
+def attention_heatmap(
+    weights,
+    ax: plt.Axes | None = None,
+    *,
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    title: str | None = None,
+    annotate: bool = False,
+    colorbar: bool = True,
+    vmax: float | None = None,
+) -> plt.Axes:
+    """Draw an ``(n_queries, n_keys)`` matrix of attention weights as a heatmap.
+
+    Rows are queries, columns keys; masked (zero) weights show as the colormap's floor.
+    """
+    w = _numpy(weights)
+    if w.ndim != 2:
+        raise ValueError(f"weights must be a 2-D (n_queries, n_keys) matrix; got shape {w.shape}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.45 * w.shape[1] + 1.8, 0.45 * w.shape[0] + 1.0))
+    im = ax.imshow(w, vmin=0.0, vmax=vmax if vmax is not None else max(float(w.max()), 1e-12), aspect="equal")
+    ax.set_xlabel("key $j$")
+    ax.set_ylabel("query $i$")
+    ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+    if col_labels is not None:
+        ax.set_xticks(range(len(col_labels)), col_labels, rotation=60, ha="right")
+    if row_labels is not None:
+        ax.set_yticks(range(len(row_labels)), row_labels)
+    if annotate:
+        for (i, j), val in np.ndenumerate(w):
+            ax.text(j, i, f"{val:.2f}", ha="center", va="center", fontsize=7, color="white" if val < 0.6 * w.max() else "black")
+    if title:
+        ax.set_title(title)
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight $p_{ij}$")
+    return ax
+
+
+def small_multiples(n: int, ncols: int = 3, *, panel_size: tuple[float, float] = (3.0, 2.6), **kwargs):
+    """A grid of ``n`` panels (``ncols`` wide); unused panels are hidden. Returns ``(fig, axes_flat)``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1; got {n}")
+    ncols = min(ncols, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_size[0] * ncols, panel_size[1] * nrows), squeeze=False, **kwargs)
+    flat = axes.ravel()
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]

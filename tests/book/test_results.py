@@ -1,0 +1,24 @@
+"""The numbers each notebook recorded, checked against the claims its text makes.
+
+One test per notebook, named after it; tests/conventions checks that every notebook has one.
+The notebooks run at scale="book" (what the book shows); the claims below are the sentences of the
+rendered pages, so a change that breaks a claim fails here instead of silently changing the page.
+"""
+
+import pytest
+
+
+def test_attention_in_a_few_lines(results):
+    r = results("attention_in_a_few_lines")
+    assert r["scale"] == "book"
+    # "checked against PyTorch's fused kernel ... with and without a mask (<= 1e-6 in float32)"
+    for key in ("plain", "library", "masked_plain", "masked_library", "bias_library"):
+        assert r[f"{key}_float32"] <= 1e-6, key
+        # "in float64 it is around 1e-15"
+        assert r[f"{key}_float64"] <= 1e-13, key
+    # "Masked keys get weight exactly 0"
+    assert r["masked_weight_max_float32"] == 0.0 and r["masked_weight_max_float64"] == 0.0
+    assert r["causal_upper_triangle_max"] == 0.0
+    # "Each row peaks on the diagonal"
+    assert r["peak_offset"] == 0
+    assert r["diagonal_share"] > 1 / 16 * 4, "the diagonal carries far more than a uniform share"

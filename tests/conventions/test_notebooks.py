@@ -1,0 +1,115 @@
+"""Conventions every notebook of the course follows (checked on the committed, unexecuted files)."""
+
+import ast
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+_spec = importlib.util.spec_from_file_location("set_repository", ROOT / "tools" / "set_repository.py")
+set_repository = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(set_repository)
+
+
+def source(cell) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def toc_files(node) -> set[str]:
+    found = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("file", "root"):
+                found.add(value)
+            found |= toc_files(value)
+    elif isinstance(node, list):
+        for item in node:
+            found |= toc_files(item)
+    return found
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks found"
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
+def notebook(request):
+    return request.param, json.loads(request.param.read_text())
+
+
+def test_committed_without_outputs(notebook):
+    path, nb = notebook
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            assert not cell.get("outputs"), f"{path.name}: outputs committed"
+            assert cell.get("execution_count") is None, f"{path.name}: execution counts committed"
+
+
+def test_parameters_cell(notebook):
+    path, nb = notebook
+    tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"
+    values = {}
+    for node in ast.parse(source(tagged[0])).body:
+        assert isinstance(node, ast.Assign), f"{path.name}: the parameters cell holds only assignments"
+        values[node.targets[0].id] = ast.literal_eval(node.value)
+    assert isinstance(values.get("seed"), int), f"{path.name}: parameter 'seed' (int) missing"
+    assert values.get("device") == "auto", f"{path.name}: parameter device must default to 'auto'"
+    assert values.get("scale") == "book", f"{path.name}: parameter scale must default to 'book'"
+
+
+def test_first_cell_installs_only_in_colab(notebook):
+    path, nb = notebook
+    first = nb["cells"][0]
+    assert first["cell_type"] == "code" and "colab-setup" in first["metadata"].get("tags", []), (
+        f"{path.name}: the first cell must be the Colab setup cell (tag 'colab-setup')"
+    )
+    src = source(first)
+    assert 'if "google.colab" in sys.modules:' in src, f"{path.name}: install must be guarded by the Colab check"
+    url, branch = set_repository.config_repository((ROOT / "_config.yml").read_text())
+    match = set_repository.INSTALL.search(src)
+    assert match, f"{path.name}: no 'attnopt @ git+URL@BRANCH' install line"
+    assert (match["url"], match["branch"]) == (url, branch), (
+        f"{path.name}: installs from {match['url']}@{match['branch']} but _config.yml says {url}@{branch}; "
+        "run tools/set_repository.py"
+    )
+
+
+def test_seeded_and_records_results(notebook):
+    path, nb = notebook
+    code = "\n".join(source(c) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "seed_everything(seed)" in code, f"{path.name}: must seed every generator from the 'seed' parameter"
+    assert "pick_device(device)" in code, f"{path.name}: must resolve the 'device' parameter with pick_device"
+    assert re.search(rf"record\(\s*\"{path.stem}\"", code), f"{path.name}: must record its key numbers as record(\"{path.stem}\", ...)"
+
+
+def test_in_table_of_contents(notebook):
+    path, _ = notebook
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    assert f"notebooks/{path.stem}" in toc_files(toc), f"{path.name} is not in _toc.yml"
+
+
+def test_claims_are_tested(notebook):
+    """Every notebook has claims in tests/book/test_results.py that its recorded numbers must meet."""
+    path, _ = notebook
+    text = (ROOT / "tests" / "book" / "test_results.py").read_text()
+    assert f'"{path.stem}"' in text, f"{path.name}: no claims about its results in tests/book/test_results.py"
+
+
+def test_set_repository_round_trip(tmp_path, monkeypatch):
+    """tools/set_repository.py rewrites the config and the install lines together."""
+    import shutil
+
+    for name in ("_config.yml",):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
+    monkeypatch.setattr(set_repository, "ROOT", tmp_path)
+    set_repository.main(["https://github.com/someone/fork", "--branch", "dev"])
+    assert set_repository.config_repository((tmp_path / "_config.yml").read_text()) == ("https://github.com/someone/fork", "dev")
+    for nb in (tmp_path / "notebooks").glob("*.ipynb"):
+        assert "attnopt @ git+https://github.com/someone/fork@dev" in nb.read_text()
