@@ -6,8 +6,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SITE := _build/site
-HTML := _build/_build/html
+BUILD_DIR ?= _build
+SITE := $(BUILD_DIR)/site
+HTML := $(BUILD_DIR)/_build/html
+export ATTNOPT_BUILD_DIR := $(BUILD_DIR)
 JB_FLAGS := --all -W -n --keep-going
 
 .PHONY: book test lab install notebooks html clean

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "_build"
+# ATTNOPT_BUILD_DIR lets several builds (e.g. one per chapter being written) live side by side.
+BUILD = (ROOT / os.environ.get("ATTNOPT_BUILD_DIR", "_build")).resolve()
 SITE = BUILD / "site"
 RESULTS = BUILD / "results"
 CACHE = BUILD / "cache"
@@ -90,7 +91,7 @@ def execute(nb: Path, parameters: dict, force: bool) -> str:
     )
     hide_setup_cells(out)
     if not result.exists():
-        raise RuntimeError(f"{nb.name} ran but recorded no results (expected {result.relative_to(ROOT)})")
+        raise RuntimeError(f"{nb.name} ran but recorded no results (expected {result})")
     key_file.parent.mkdir(parents=True, exist_ok=True)
     key_file.write_text(key)
     return "executed"

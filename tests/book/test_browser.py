@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BUILD
+
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "_build" / "screenshots"
+SHOTS = BUILD / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
