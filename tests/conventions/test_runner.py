@@ -27,8 +27,9 @@ def runner(tmp_path, monkeypatch):
 
 def write_notebook(path: Path, value: int) -> None:
     cells = [
-        {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "seed = 0", "outputs": [], "execution_count": None},
-        {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+        {"cell_type": "code", "id": "params", "metadata": {"tags": ["parameters"]}, "source": "seed = 0", "outputs": [],
+         "execution_count": None},
+        {"cell_type": "code", "id": "work", "metadata": {}, "outputs": [], "execution_count": None,
          "source": f"from attnopt.book import record\nrecord('demo', value={value}, seed=seed)"},
     ]
     nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
