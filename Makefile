@@ -12,7 +12,7 @@ HTML := $(BUILD_DIR)/_build/html
 export ATTNOPT_BUILD_DIR := $(BUILD_DIR)
 JB_FLAGS := --all -W -n --keep-going
 
-.PHONY: book test lab install notebooks html clean
+.PHONY: book test lab install notebooks html student-book pdf clean
 
 # The environment is (re)installed when it is missing or the pins change.
 $(STAMP): requirements.txt pyproject.toml
@@ -31,13 +31,26 @@ html: notebooks
 	rm -rf $(HTML)
 	cd $(SITE) && $(abspath $(BIN))/jupyter-book build . --path-output .. $(JB_FLAGS)
 
+# The same book with all exercise solutions removed.
+STUDENT_HTML := $(BUILD_DIR)/student/_build/html
+student-book: notebooks
+	$(BIN)/python tools/edition.py student $(SITE)
+	rm -rf $(STUDENT_HTML)
+	cd $(SITE) && $(abspath $(BIN))/jupyter-book build . --config _config.student.yml --path-output ../student $(JB_FLAGS)
+	@echo "The student edition is at $(abspath $(STUDENT_HTML))/index.html"
+
+# One offline PDF of the whole book, printed by headless Chromium from the HTML build.
+pdf: html
+	$(BIN)/python tools/pdf.py $(BUILD_DIR) $(BUILD_DIR)/book.pdf
+	@echo "The PDF is at $(abspath $(BUILD_DIR))/book.pdf"
+
 book: html
 	@echo ""
 	@echo "The book is at $(abspath $(HTML))/index.html"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests/lib tests/conventions
-	$(MAKE) html
+	$(MAKE) pdf student-book
 	$(BIN)/python -m pytest tests/book
 
 lab: $(STAMP)
