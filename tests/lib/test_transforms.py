@@ -1,0 +1,340 @@
+"""attnopt.transforms against independent references: the generic one-sided solver, the `entmax`
+package, POT's Sinkhorn, finite differences (gradcheck) and properties (hypothesis)."""
+
+import entmax as entmax_pkg
+import ot
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnopt import transforms as T
+
+NEG_INF = float("-inf")
+ALPHAS = [1.25, 1.5, 2.0, 3.0]
+
+
+def rand(*shape, seed=0, dtype=torch.float64, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def with_masks(x):
+    """Copy of x with a few -inf entries and one all -inf row."""
+    x = x.clone()
+    x[0, 1] = NEG_INF
+    x[0, 3] = NEG_INF
+    x[1] = NEG_INF
+    return x
+
+
+# One entry per transform: (function of scores, reference from the generic solver at eps).
+def closed_forms():
+    return {
+        "softmax": (lambda s: T.softmax(s, tau=0.7), lambda s: T.one_sided_eot(-s, 0.7, "entropy")),
+        "sparsemax": (lambda s: T.sparsemax(s / 0.7), lambda s: T.one_sided_eot(-s, 0.7, "l2")),
+        "entmax15": (lambda s: T.entmax15(s / 0.7), lambda s: T.one_sided_eot(-s, 0.7, "tsallis", alpha=1.5)),
+        "entmax1.3": (lambda s: T.entmax(s / 0.7, 1.3, n_iter=60), lambda s: T.one_sided_eot(-s, 0.7, "tsallis", alpha=1.3)),
+        "entmax2.5": (lambda s: T.entmax(s / 0.7, 2.5, n_iter=60), lambda s: T.one_sided_eot(-s, 0.7, "tsallis", alpha=2.5)),
+    }
+
+
+TRANSFORMS = {
+    "softmax": lambda s, dim=-1: T.softmax(s, dim=dim),
+    "sparsemax": lambda s, dim=-1: T.sparsemax(s, dim=dim),
+    "sparsemax_sort": lambda s, dim=-1: T.sparsemax(s, dim=dim, method="sort"),
+    "entmax15": lambda s, dim=-1: T.entmax15(s, dim=dim),
+    "entmax15_sort": lambda s, dim=-1: T.entmax15(s, dim=dim, method="sort"),
+    "entmax1.25": lambda s, dim=-1: T.entmax(s, 1.25, dim=dim),
+    "entmax3": lambda s, dim=-1: T.entmax(s, 3.0, dim=dim, n_iter=60),
+}
+
+
+# ---------------------------------------------------------------- closed forms vs generic solver
+
+
+@pytest.mark.parametrize("name", list(closed_forms()))
+def test_closed_form_matches_generic_solver(name):
+    f, ref = closed_forms()[name]
+    s = with_masks(rand(5, 9, seed=1, scale=2.0))
+    assert torch.allclose(f(s), ref(s), atol=1e-9, rtol=0)
+
+
+def test_prior_softmax_matches_generic_kl_solver():
+    s = with_masks(rand(5, 9, seed=2))
+    prior = torch.rand(5, 9, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    prior[2, 4] = 0.0  # a zero prior forbids that key
+    p = T.prior_softmax(s, prior, tau=0.6)
+    assert torch.allclose(p, T.one_sided_eot(-s, 0.6, "kl", prior=prior), atol=1e-10, rtol=0)
+    assert p[2, 4] == 0
+
+
+def test_generic_solver_accepts_a_callable_gradient():
+    s = rand(4, 6, seed=4)
+    p = T.one_sided_eot(-s, 1.0, lambda q: q)  # omega' = p, i.e. the l2 regularizer
+    assert torch.allclose(p, T.sparsemax(s), atol=1e-10)
+
+
+def test_generic_solver_implicit_gradient():
+    c = rand(2, 4, seed=5).requires_grad_()
+    for reg in ["entropy", "l2", "tsallis"]:
+        assert torch.autograd.gradcheck(lambda z: T.one_sided_eot(z, 0.8, reg, n_iter=55), (c,), fast_mode=True)
+
+
+def test_alibi_prior_is_alibi_bias():
+    s = rand(2, 5, 7, seed=6)
+    logp = T.alibi_log_prior(5, 7, torch.tensor([0.5, 0.25], dtype=torch.float64))
+    i = torch.arange(5, dtype=torch.float64)[:, None] + 2
+    j = torch.arange(7, dtype=torch.float64)[None, :]
+    bias = -torch.tensor([0.5, 0.25], dtype=torch.float64)[:, None, None] * (i - j)
+    bias = bias.masked_fill(j > i, NEG_INF)
+    assert torch.allclose(T.prior_softmax(s, logp, log_prior=True), torch.softmax(s + bias, -1), atol=1e-12)
+
+
+# ---------------------------------------------------------------- vs the entmax package
+
+
+@pytest.mark.parametrize("method", ["sort", "newton"])
+@pytest.mark.parametrize("scale", [0.1, 1.0, 10.0])
+def test_sparsemax_and_entmax15_match_entmax_package(method, scale):
+    x = rand(64, 33, seed=7, scale=scale)
+    assert torch.allclose(T.sparsemax(x, method=method), entmax_pkg.sparsemax(x, dim=-1), atol=1e-12)
+    assert torch.allclose(T.entmax15(x, method=method), entmax_pkg.entmax15(x, dim=-1), atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_entmax_matches_entmax_bisect(alpha):
+    x = rand(32, 20, seed=8, scale=2.0)
+    ref = entmax_pkg.entmax_bisect(x, alpha=alpha, dim=-1, n_iter=100)
+    assert torch.allclose(T.entmax(x, alpha, n_iter=60), ref, atol=1e-10)
+    assert torch.allclose(T.entmax(x, alpha), ref, atol=1e-4)  # default tol=1e-6 on the threshold
+
+
+def test_entmax_special_cases():
+    x = rand(8, 11, seed=9)
+    assert torch.allclose(T.entmax(x, 1.0), torch.softmax(x, -1), atol=1e-14)
+    assert torch.allclose(T.entmax(x, 1.0 + 1e-7), torch.softmax(x, -1), atol=1e-14)
+    assert torch.allclose(T.entmax(x, 2.0), T.sparsemax(x), atol=1e-12)
+    assert torch.allclose(T.entmax(x, 1.5), T.entmax15(x), atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 3.0])
+def test_entmax_honours_n_iter_and_tol(alpha):
+    x = rand(64, 50, seed=10, scale=3.0)
+    exact = entmax_pkg.entmax_bisect(x, alpha=alpha, dim=-1, n_iter=200)
+    errs = [(T.entmax(x, alpha, n_iter=k) - exact).abs().max().item() for k in (1, 3, 60)]
+    assert errs[0] > errs[2] and errs[1] > errs[2] and errs[2] < 1e-10
+    assert errs[0] > 1e-4
+    loose = (T.entmax(x, alpha, tol=0.5) - exact).abs().max().item()  # a single iteration
+    tight = (T.entmax(x, alpha, tol=1e-12) - exact).abs().max().item()
+    assert tight < loose and tight < 1e-9
+
+
+# ---------------------------------------------------------------- custom backward
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "sparsemax_sort", "entmax15", "entmax15_sort"])
+def test_gradcheck_sparse_transforms(name):
+    x = rand(4, 7, seed=11).requires_grad_()
+    assert torch.autograd.gradcheck(TRANSFORMS[name], (x,))
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_gradcheck_entmax(alpha):
+    x = rand(4, 7, seed=12).requires_grad_()
+    assert torch.autograd.gradcheck(lambda z: T.entmax(z, alpha, n_iter=60), (x,))
+
+
+def test_gradcheck_other_dim_and_masks():
+    x = with_masks(rand(5, 6, seed=13)).t().contiguous().requires_grad_()
+    for f in (T.sparsemax, T.entmax15, lambda z, dim: T.entmax(z, 1.7, dim=dim, n_iter=60)):
+        assert torch.autograd.gradcheck(lambda z: f(z, dim=0), (x,))
+
+
+def test_gradcheck_softmax_family():
+    x = rand(3, 6, seed=14).requires_grad_()
+    prior = torch.rand(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda z: T.softmax(z, tau=0.5), (x,))
+    assert torch.autograd.gradcheck(lambda z, q: T.prior_softmax(z, q, tau=0.5), (x, prior))
+
+
+# ---------------------------------------------------------------- properties (hypothesis)
+
+
+rows = st.integers(1, 4)
+cols = st.integers(1, 12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=rows, m=cols, seed=st.integers(0, 10_000), scale=st.sampled_from([0.1, 1.0, 5.0]), c=st.floats(-50, 50))
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+def test_properties(name, n, m, seed, scale, c):
+    f = TRANSFORMS[name]
+    x = rand(n, m, seed=seed, scale=scale)
+    p = f(x)
+    assert (p >= 0).all() and torch.allclose(p.sum(-1), torch.ones(n, dtype=x.dtype), atol=1e-9)
+    assert torch.allclose(f(x + c), p, atol=1e-7)  # invariance to a constant shift
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(seed))
+    assert torch.allclose(f(x[:, perm]), p[:, perm], atol=1e-12)  # permutation equivariance
+    looped = torch.stack([f(x[i]) for i in range(n)])
+    assert torch.allclose(looped, p, atol=1e-12)  # batched = looped
+    assert torch.allclose(f(x.t().contiguous(), dim=0).t(), p, atol=1e-12)  # any dim
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(2, 12), seed=st.integers(0, 10_000), data=st.data())
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+def test_masked_entries_get_zero(name, m, seed, data):
+    f = TRANSFORMS[name]
+    x = rand(3, m, seed=seed, scale=2.0)
+    masked = torch.tensor(data.draw(st.lists(st.booleans(), min_size=m, max_size=m)))
+    x[0, masked] = NEG_INF
+    x[2] = NEG_INF
+    p = f(x)
+    assert not p.isnan().any()
+    assert (p[0, masked] == 0).all() and (p[2] == 0).all()
+    if not masked.all():
+        assert torch.allclose(p[0].sum(), torch.tensor(1.0, dtype=x.dtype))
+        assert torch.allclose(p[0, ~masked], f(x[0, ~masked]), atol=1e-12)  # = transform of the rest
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_low_precision_and_dead_rows_give_no_nan(name, dtype):
+    f = TRANSFORMS[name]
+    x = with_masks(rand(4, 16, seed=15, scale=3.0)).to(dtype).requires_grad_()
+    p = f(x)
+    assert p.dtype == dtype and not p.isnan().any()
+    (p.float() * torch.randn(p.shape)).sum().backward()
+    assert not x.grad.isnan().any() and (x.grad[1] == 0).all() and (p[1] == 0).all()
+    ref = f(x.detach().double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(p.double(), ref, atol=tol)
+
+
+def test_all_inf_row_is_zero_for_every_transform():
+    x = torch.full((2, 5), NEG_INF, dtype=torch.float64)
+    for f in list(TRANSFORMS.values()) + [lambda s: T.prior_softmax(s, torch.ones(5, dtype=torch.float64))]:
+        assert (f(x) == 0).all()
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_input_errors():
+    x = rand(3, 4)
+    with pytest.raises(ValueError, match="alpha"):
+        T.entmax(x, 0.5)
+    with pytest.raises(TypeError, match="alpha"):
+        T.entmax(x, "1.5")
+    with pytest.raises(ValueError, match="tau"):
+        T.softmax(x, tau=0.0)
+    with pytest.raises(ValueError, match="tau"):
+        T.prior_softmax(x, torch.ones(4, dtype=x.dtype), tau=-1.0)
+    with pytest.raises(ValueError, match="eps"):
+        T.one_sided_eot(x, eps=0.0)
+    with pytest.raises(ValueError, match="eps"):
+        T.sinkhorn_attention(x, eps=-1.0)
+    for f in (T.softmax, T.sparsemax, T.entmax15):
+        with pytest.raises(ValueError, match="dim"):
+            f(x, dim=2)
+    with pytest.raises(ValueError, match="dim"):
+        T.entmax(x, 1.5, dim=-3)
+    with pytest.raises(ValueError, match="tol"):
+        T.entmax(x, 1.5, tol=0.0)
+    with pytest.raises(ValueError, match="n_iter"):
+        T.entmax(x, 1.5, n_iter=0)
+    with pytest.raises(TypeError, match="scores"):
+        T.sparsemax(torch.ones(3, 4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="scores"):
+        T.sparsemax(torch.tensor([1.0, float("nan")]))
+    with pytest.raises(ValueError, match="prior"):
+        T.prior_softmax(x, -torch.ones(4, dtype=x.dtype))
+    with pytest.raises(ValueError, match="regularizer"):
+        T.one_sided_eot(x, 1.0, "huber")
+    with pytest.raises(ValueError, match="prior"):
+        T.one_sided_eot(x, 1.0, "kl")
+    with pytest.raises(ValueError, match="grad"):
+        T.sinkhorn_attention(x, 1.0, grad="magic")
+    with pytest.raises(TypeError, match="key_mask"):
+        T.sinkhorn_attention(x, 1.0, key_mask=torch.ones(4))
+    with pytest.raises(ValueError, match="method"):
+        T.sparsemax(x, method="heap")
+
+
+# ---------------------------------------------------------------- Sinkhorn
+
+
+def uniform(n, dtype=torch.float64):
+    return torch.full((n,), 1.0 / n, dtype=dtype)
+
+
+@pytest.mark.parametrize("absorb_every", [1, 10])
+def test_sinkhorn_matches_pot(absorb_every):
+    s = rand(3, 6, 6, seed=16, scale=2.0)
+    km = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 0, 1, 1, 1, 1]], dtype=torch.bool)
+    W = T.sinkhorn_attention(s, 0.5, 400, key_mask=km, absorb_every=absorb_every)
+    for b in range(3):
+        keep = km[b]
+        P = ot.sinkhorn(uniform(6), uniform(int(keep.sum())), -s[b][:, keep], 0.5, numItermax=20_000, stopThr=1e-15)
+        assert torch.allclose(W[b][:, keep], 6 * P, atol=1e-9)
+        assert (W[b][:, ~keep] == 0).all()
+
+
+def test_sinkhorn_is_doubly_stochastic_and_batched():
+    s = rand(2, 4, 8, 8, seed=17, scale=3.0)
+    W = T.sinkhorn_attention(s, 1.0, 300)
+    ones = torch.ones(2, 4, 8, dtype=s.dtype)
+    assert torch.allclose(W.sum(-1), ones, atol=1e-12) and torch.allclose(W.sum(-2), ones, atol=1e-8)
+    looped = torch.stack([torch.stack([T.sinkhorn_attention(s[i, j], 1.0, 300) for j in range(4)]) for i in range(2)])
+    assert torch.allclose(looped, W, atol=1e-12)
+
+
+def test_sinkhorn_query_mask_and_neg_inf_scores():
+    s = rand(5, 5, seed=18)
+    qm = torch.tensor([True, True, True, False, True])
+    s[0, 2] = NEG_INF
+    W = T.sinkhorn_attention(s, 0.8, 500, query_mask=qm, key_mask=torch.tensor([True] * 4 + [False]))
+    assert not W.isnan().any() and (W[3] == 0).all() and (W[:, 4] == 0).all() and W[0, 2] == 0
+    assert torch.allclose(W[qm].sum(-1), torch.ones(4, dtype=s.dtype), atol=1e-12)
+    assert torch.allclose(W.sum(-2)[:4], torch.ones(4, dtype=s.dtype), atol=1e-8)
+
+
+def test_sinkhorn_single_query_is_uniform():
+    s = rand(1, 7, seed=19)  # one source: U(a, b) = {a b^T}, whatever the scores
+    W = T.sinkhorn_attention(s, 0.5, 50)
+    assert torch.allclose(W, torch.full_like(W, 1 / 7), atol=1e-12)  # one source: P = a b^T
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sinkhorn_implicit_gradient_matches_unrolled_and_finite_differences(masked):
+    s = rand(2, 4, 5, seed=20, scale=1.5).requires_grad_()
+    km = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 1, 0]], dtype=torch.bool) if masked else None
+    g = rand(2, 4, 5, seed=21)
+    grads = {}
+    for mode in ("unrolled", "implicit"):
+        W = T.sinkhorn_attention(s, 0.7, 400, key_mask=km, grad=mode)
+        (grads[mode],) = torch.autograd.grad((W * g).sum(), s)
+    assert torch.allclose(grads["implicit"], grads["unrolled"], atol=1e-10)
+    assert torch.autograd.gradcheck(lambda z: T.sinkhorn_attention(z, 0.7, 300, key_mask=km, grad="implicit"), (s,), fast_mode=True)
+
+
+def test_sinkhorn_low_precision_no_nan():
+    s = with_masks(rand(4, 6, seed=22)).to(torch.bfloat16).requires_grad_()
+    for mode in ("unrolled", "implicit"):
+        W = T.sinkhorn_attention(s, 1.0, 20, grad=mode)
+        (W.float() * torch.randn(W.shape)).sum().backward()
+        assert W.dtype == torch.bfloat16 and not W.isnan().any() and not s.grad.isnan().any()
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    x = with_masks(rand(16, 40, seed=23, dtype=torch.float32))
+    for name, f in TRANSFORMS.items():
+        assert torch.allclose(f(x.cuda()).cpu(), f(x), atol=1e-5), name
+    s = rand(2, 8, 8, seed=24, dtype=torch.float32)
+    assert torch.allclose(T.sinkhorn_attention(s.cuda(), 1.0, 30).cpu(), T.sinkhorn_attention(s, 1.0, 30), atol=1e-5)
