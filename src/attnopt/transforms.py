@@ -11,14 +11,11 @@ attention weights of one query as the minimizer over the simplex :math:`\Delta^{
 with :math:`C_j=-s_j` the cost must enter with a plus sign).  Each choice of :math:`\Omega` gives a
 transform:
 
-==============================  ==============================================  =====================
-:math:`\Omega(p)`               minimizer                                        function
-==============================  ==============================================  =====================
-:math:`\sum_j p_j\log p_j`      :math:`\operatorname{softmax}(s/\varepsilon)`   :func:`softmax`
-:math:`\tfrac12\|p\|^2`         :math:`[s_j - \lambda]_+`                        :func:`sparsemax`
-Tsallis, :math:`\alpha`         :math:`[(\alpha-1)s_j-\lambda]_+^{1/(\alpha-1)}` :func:`entmax`, :func:`entmax15`
-:math:`\mathrm{KL}(p\|\pi)`     :math:`\propto \pi_j e^{s_j/\varepsilon}`        :func:`prior_softmax`
-==============================  ==============================================  =====================
+* :math:`\Omega(p)=\sum_j p_j\log p_j` gives :math:`\operatorname{softmax}(s/\varepsilon)`: :func:`softmax`;
+* :math:`\Omega(p)=\tfrac12\|p\|^2` gives :math:`p_j=[s_j/\varepsilon-\lambda]_+`: :func:`sparsemax`;
+* the Tsallis :math:`\alpha`-entropy gives
+  :math:`p_j=[(\alpha-1)s_j-\lambda]_+^{1/(\alpha-1)}`: :func:`entmax`, :func:`entmax15`;
+* :math:`\Omega(p)=\mathrm{KL}(p\,\|\,\pi)` gives :math:`p_j\propto \pi_j e^{s_j/\varepsilon}`: :func:`prior_softmax`.
 
 :func:`one_sided_eot` solves the same problem by a generic dual bisection that uses only
 :math:`\nabla\Omega`, so that every closed form above can be checked against it.
@@ -861,7 +858,7 @@ def sinkhorn_attention(
     eq. (3) of seed 002 (the EOT problem whose one-sided special case, eq. (4), is softmax), with
     uniform marginals :math:`a_i = 1/n`, :math:`b_j = 1/m` over the live queries and keys.  The
     solution is :math:`P^\star = \mathrm{diag}(e^{f})\,e^{s/\varepsilon}\,\mathrm{diag}(e^{g})`,
-    computed by ``n_iter`` Sinkhorn iterations (see :func:`_sinkhorn_plan`; each ends with the row
+    computed by ``n_iter`` Sinkhorn iterations (see ``_sinkhorn_plan``; each ends with the row
     update, so every live row of :math:`W` sums to exactly 1 and columns to :math:`n/m` at
     convergence, i.e. :math:`W` is doubly stochastic when :math:`n=m`).
 
