@@ -22,3 +22,13 @@ def test_attention_in_a_few_lines(results):
     # "Each row peaks on the diagonal"
     assert r["peak_offset"] == 0
     assert r["diagonal_share"] > 1 / 16 * 4, "the diagonal carries far more than a uniform share"
+
+
+# Each notebook, at scale="book", fits the CPU budget the instructor's guide and the README promise.
+BOOK_SCALE_BUDGET_S = 150
+
+
+def test_every_notebook_within_its_cpu_budget(results):
+    timings = results("_timings")
+    slow = {stem: t["seconds"] for stem, t in timings.items() if not t["parameters"] and t["seconds"] > BOOK_SCALE_BUDGET_S}
+    assert not slow, f"notebooks over {BOOK_SCALE_BUDGET_S} s at scale='book': {slow}"
