@@ -1,0 +1,981 @@
+r"""Attention as the approximate solution of a Fenchel dual (the Fenchel-dual paper).
+
+The Fenchel-dual paper estimates the mean :math:`h` of an unknown distribution :math:`p` over
+templates :math:`t_1,\dots,t_n\in\mathbb{R}^d` from a *preference* :math:`u\in\Delta^{n-1}` (with
+mean :math:`\mu=\sum_i u_i t_i`) and a noisy *evidence* :math:`z` of the shift :math:`h-\mu`.  With
+:math:`b=\mu+z` it solves, eq. (4),
+
+.. math::
+
+    \min_{p}\; \frac{\alpha}{2}\Big\lVert b-\sum_i p_i t_i\Big\rVert^2 + \operatorname{KL}(p\,\Vert\,u),
+
+through its Fenchel dual, eqs. (9)–(10),
+
+.. math::
+
+    \max_{\lambda\in\mathbb{R}^d}\; D(\lambda)=\langle\lambda,b\rangle-\frac{1}{2\alpha}\lVert\lambda\rVert^2
+    -\log\sum_i u_i e^{\langle t_i,\lambda\rangle},
+
+whose maximizer :math:`\lambda^*` gives the primal solution :math:`\tilde p_i\propto u_i
+e^{\langle t_i,\lambda^*\rangle}` (eq. 11) and the estimate :math:`\hat h=\sum_i\tilde p_i t_i`
+(eq. 12).  Replacing :math:`\lambda^*` by :math:`\alpha z` (eq. 16), exact to first order in
+:math:`\alpha`, gives the *generalized attention* of eq. (18); dot-product attention, boolean masks
+and T5's relative-position bias are choices of :math:`u` (eqs. 19–20).
+
+**Solving the dual in the span of the templates.**  Setting :math:`\nabla D=0` gives
+:math:`\lambda^*=\alpha b-\alpha\,T^\top p(\lambda^*)=\alpha z+\alpha T^\top(u-p(\lambda^*))`, where
+:math:`T\in\mathbb{R}^{n\times d}` stacks the templates and
+:math:`p(\lambda)=\operatorname{softmax}(\log u+T\lambda)`: the exact maximizer is the paper's
+approximation :math:`\alpha z` (eq. 16) plus a correction in the row space of :math:`T`.  With a
+reduced QR factorization :math:`T^\top=Q_TR` (:math:`Q_T\in\mathbb{R}^{d\times k}` orthonormal,
+:math:`k=\min(n,d)`, :math:`R^\top R=TT^\top` the Gram matrix) and :math:`\lambda=\alpha b+Q_Tv`,
+the problem becomes :math:`k`-dimensional: the scores are :math:`T\lambda=\alpha Tb+R^\top v`, the
+gradient is :math:`\nabla D=-Q_T(v/\alpha+Rp)`, and the Newton step solves the
+:math:`k\times k` symmetric positive-definite system
+
+.. math::
+
+    (I_k/\alpha+RSR^\top)\,\Delta v=-(v/\alpha+Rp),\qquad S=\operatorname{diag}(p)-pp^\top,
+
+instead of the :math:`d\times d` system :math:`(I_d/\alpha+T^\top ST)\Delta\lambda=\nabla D`.
+:func:`solve_dual` runs this Newton iteration from :math:`\lambda_0=\alpha z`, globalized by a
+backtracking (Armijo) line search on :math:`\lVert\nabla D\rVert^2`, batched over any leading
+dimensions.
+
+The entropic optimal-transport variant of Sec. 9 (eqs. 23–25, 36–41) has the same structure, with
+:math:`\log\sum_i u_i e^{s_i}` replaced by :math:`\gamma\sum_j u_j\log\sum_i e^{(s_i-M_{ij})/\gamma}`;
+:func:`solve_ot_dual` uses the same solver.
+
+**Shape convention.**  ``templates`` is ``(..., n, d)``.  A first argument (``z``, ``b`` or
+``lam``) with as many dimensions as ``templates`` is a stack of queries ``(..., n_q, d)`` that share
+the templates; with any other number of dimensions it is one vector ``(..., d)`` per template set,
+its leading dimensions broadcast against those of ``templates``.  Preferences ``u`` broadcast (by
+PyTorch's right-aligned rule) against the weights, ``(..., n)`` or ``(..., n_q, n)``; a preference
+per template set in the query layout is therefore written ``(..., 1, n)``.  ``u=None`` is the
+uniform preference.  Zeros in ``u`` remove the corresponding templates (the KL term forbids any
+mass there); no gradient flows to those zero entries.  The hyper-parameters :math:`\alpha` and
+:math:`\gamma` are numbers (a one-element tensor is read as a number): no gradient flows to them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validation import (
+    as_float_tensor,
+    check_finite,
+    check_positive,
+    check_probability_vector,
+    check_shape_match,
+)
+
+__all__ = [
+    "dual_objective",
+    "exact_estimate",
+    "gaussian_dual_maximizer",
+    "gaussian_estimate",
+    "generalized_attention",
+    "ot_attention",
+    "ot_dual_objective",
+    "ot_exact_estimate",
+    "relative_deviation",
+    "solve_dual",
+    "solve_ot_dual",
+    "t5_preference",
+    "true_preference",
+]
+
+# Line search: candidate steps 1, rho, rho^2, ...; Armijo constant on the merit ||grad D||^2.
+_LS_RHO = 0.5
+_LS_STEPS = 16
+_LS_SIGMA = 1e-4
+
+
+# ----------------------------------------------------------------------------------------------
+# validation and layout helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_like(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {x.dtype} but {ref_name} has dtype {ref.dtype}; pass both in one dtype")
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device} but {ref_name} is on {ref.device}; put both on one device")
+
+
+def _broadcast(shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(*shapes.values()))
+    except RuntimeError as err:
+        desc = ", ".join(f"{k} {v}" for k, v in shapes.items())
+        raise ValueError(f"shapes cannot be broadcast together: {desc}") from err
+
+
+def _templates(templates) -> torch.Tensor:
+    t = as_float_tensor(templates, "templates", min_ndim=2)
+    check_finite(t, "templates")
+    if t.shape[-2] == 0:
+        raise ValueError("templates must hold at least one template (shape (..., n, d) with n >= 1)")
+    return t
+
+
+def _vector(x, name: str, templates: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Validate ``x`` (``(..., d)`` or ``(..., n_q, d)``) and return it with a query axis."""
+    x = as_float_tensor(x, name, min_ndim=1, like=templates)
+    _check_like(x, name, templates, "templates")
+    check_finite(x, name)
+    check_shape_match(x, name, templates, "templates", [(-1, -1)])
+    single = x.ndim != templates.ndim
+    xq = x.unsqueeze(-2) if single else x
+    _broadcast({name: xq.shape[:-2], "templates": templates.shape[:-2]})
+    return xq, single
+
+
+def _preference(u, templates: torch.Tensor, single: bool, name: str = "u") -> torch.Tensor | None:
+    """Validate a preference and return it in the query layout ``(..., n_q or 1, n)``."""
+    if u is None:
+        return None
+    u = as_float_tensor(u, name, min_ndim=1, like=templates)
+    _check_like(u, name, templates, "templates")
+    check_finite(u, name)
+    n = templates.shape[-2]
+    if u.shape[-1] != n:
+        raise ValueError(f"{name} must have one entry per template: {name}.shape[-1]={u.shape[-1]} but n={n}")
+    check_probability_vector(u, name)
+    return u.unsqueeze(-2) if single else u
+
+
+def _alpha(alpha, name: str = "alpha") -> float:
+    return check_positive(alpha, name)
+
+
+def _log_pref(u: torch.Tensor) -> torch.Tensor:
+    """``log u`` with ``log 0 = -inf`` and no NaN gradient at the zeros."""
+    pos = u > 0
+    safe = torch.where(pos, u, torch.ones_like(u))
+    return torch.where(pos, torch.log(safe), torch.full_like(u, float("-inf")))
+
+
+def _cost(cost, templates: torch.Tensor, ref_name: str = "templates") -> torch.Tensor:
+    """Validate a cost matrix against ``templates`` (only its dtype, device and ``n`` are used)."""
+    m = as_float_tensor(cost, "cost", min_ndim=2, like=templates)
+    _check_like(m, "cost", templates, ref_name)
+    if torch.isnan(m).any():
+        raise ValueError("cost contains NaN")
+    if torch.isneginf(m).any():
+        raise ValueError("cost contains -inf; costs must be finite or +inf")
+    n = templates.shape[-2]
+    if m.shape[-1] != n or m.shape[-2] != n:
+        raise ValueError(f"cost must be (..., n, n) with n={n} templates; got shape {tuple(m.shape)}")
+    if torch.isposinf(m).all(dim=-2).any():
+        raise ValueError("cost has a column that is +inf everywhere; each template must reach some template")
+    return m
+
+
+def _tol(tol, max_iter) -> tuple[float, int]:
+    tol = check_positive(tol, "tol")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+        raise ValueError(f"max_iter must be a positive int; got {max_iter!r}")
+    return tol, max_iter
+
+
+# ----------------------------------------------------------------------------------------------
+# the two log-partition families: KL (eqs. 9-11) and entropic OT (eqs. 36-39)
+# ----------------------------------------------------------------------------------------------
+
+
+def _mv(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Batched row-vector times matrix: ``x (..., a)``, ``m (..., a, b)`` -> ``(..., b)``."""
+    return (x.unsqueeze(-2) @ m).squeeze(-2)
+
+
+class _KL:
+    r""":math:`\phi(s)=\log\sum_i u_i e^{s_i}`, :math:`\nabla\phi=p`, :math:`\nabla^2\phi=\operatorname{diag}p-pp^\top`.
+
+    ``u`` is ``None`` (uniform) or laid out like the scores, ``(..., n_q or 1, n)`` or, once
+    flattened for the solver, ``(B, n)``.
+    """
+
+    def __init__(self, u: torch.Tensor | None):
+        self.u = u
+        self.logu = None if u is None else _log_pref(u)
+
+    def batch_shape(self) -> tuple[int, ...]:
+        return () if self.u is None else tuple(self.u.shape[:-1])
+
+    def flatten(self, batch: tuple[int, ...]) -> "_KL":
+        if self.u is None:
+            return self
+        return _KL(self.u.expand(batch + self.u.shape[-1:]).reshape(-1, self.u.shape[-1]))
+
+    def take(self, idx: torch.Tensor) -> "_KL":
+        return self if self.u is None else _KL(self.u[idx])
+
+    def detached(self) -> "_KL":
+        return self if self.u is None else _KL(self.u.detach())
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return () if self.u is None else (self.u,)
+
+    def probs(self, s: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(s if self.logu is None else s + self.logu, dim=-1)
+
+    def hess(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = self.probs(s)
+        return p, torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+
+    def rsr(self, s: torch.Tensor, p: torch.Tensor, Rp: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+        """``R S R^T`` for per-problem ``R (B, k, n)``, from ``p`` and ``R p`` without forming ``S``."""
+        return torch.baddbmm(Rp.unsqueeze(-1) * Rp.unsqueeze(-2), R * p.unsqueeze(-2), R.mT, beta=-1.0)
+
+    def value(self, s: torch.Tensor) -> torch.Tensor:
+        return torch.logsumexp(s if self.logu is None else s + self.logu, dim=-1)
+
+    def prior(self, like: torch.Tensor) -> torch.Tensor:
+        if self.u is not None:
+            return self.u
+        n = like.shape[-1]
+        return torch.full((1, n), 1.0 / n, dtype=like.dtype, device=like.device)
+
+
+class _OT:
+    r""":math:`\phi(s)=\gamma\sum_j u_j\log\sum_i e^{(s_i-M_{ij})/\gamma}` (eq. 36 without the constant).
+
+    ``u`` is ``(..., n_q or 1, n)`` and ``cost`` ``(..., 1, n, n)`` (the query axis inserted), or
+    ``(B, n)`` and ``(B, n, n)`` once flattened; ``cost[..., i, j] = M(t_i, t_j)``.
+    """
+
+    def __init__(self, u: torch.Tensor | None, cost: torch.Tensor, gamma: float):
+        n = cost.shape[-1]
+        self.u = u if u is not None else torch.full((1, n), 1.0 / n, dtype=cost.dtype, device=cost.device)
+        self.cost = cost
+        self.gamma = gamma
+
+    def batch_shape(self) -> tuple[int, ...]:
+        return tuple(torch.broadcast_shapes(self.u.shape[:-1], self.cost.shape[:-2]))
+
+    def flatten(self, batch: tuple[int, ...]) -> "_OT":
+        n = self.cost.shape[-1]
+        u = self.u.expand(batch + (n,)).reshape(-1, n)
+        return _OT(u, self.cost.expand(batch + (n, n)).reshape(-1, n, n), self.gamma)
+
+    def take(self, idx: torch.Tensor) -> "_OT":
+        return _OT(self.u[idx], self.cost[idx], self.gamma)
+
+    def detached(self) -> "_OT":
+        return _OT(self.u.detach(), self.cost.detach(), self.gamma)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.u, self.cost)
+
+    def _plan_cols(self, s: torch.Tensor) -> torch.Tensor:
+        # [..., i, j] = softmax over i of (s_i - M_ij) / gamma: column j of the optimal plan / u_j
+        return torch.softmax((s.unsqueeze(-1) - self.cost) / self.gamma, dim=-2)
+
+    def probs(self, s: torch.Tensor) -> torch.Tensor:
+        return (self._plan_cols(s) * self.u.unsqueeze(-2)).sum(-1)
+
+    def hess(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self._plan_cols(s)
+        qu = q * self.u.unsqueeze(-2)
+        p = qu.sum(-1)
+        return p, (torch.diag_embed(p) - qu @ q.mT) / self.gamma
+
+    def rsr(self, s: torch.Tensor, p: torch.Tensor, Rp: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+        """``R S R^T`` for per-problem ``R (B, k, n)``."""
+        return R @ self.hess(s)[1] @ R.mT
+
+    def value(self, s: torch.Tensor) -> torch.Tensor:
+        lse = torch.logsumexp((s.unsqueeze(-1) - self.cost) / self.gamma, dim=-2)  # (..., n_j)
+        lse = torch.where(self.u > 0, lse, torch.zeros_like(lse))
+        entropy = -torch.special.xlogy(self.u, self.u).sum(-1)
+        return self.gamma * (entropy + (self.u * lse).sum(-1))
+
+    def prior(self, like: torch.Tensor) -> torch.Tensor:
+        return _true_pref(self.u, self.cost, self.gamma)
+
+
+# ----------------------------------------------------------------------------------------------
+# Newton solvers
+# ----------------------------------------------------------------------------------------------
+
+
+def _select_step(merits: torch.Tensor, m0: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Largest candidate step meeting Armijo on the merit; else the candidate of least merit."""
+    shape = (-1,) + (1,) * m0.ndim
+    ok = merits <= (1.0 - 2.0 * _LS_SIGMA * steps.view(shape)) * m0
+    first_ok = torch.argmax(ok.to(torch.int8), dim=0)
+    best = torch.argmin(torch.nan_to_num(merits, nan=float("inf")), dim=0)
+    idx = torch.where(ok.any(dim=0), first_ok, best)
+    return steps[idx]
+
+
+def _floor(bq: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+    """Rounding floor of the gradient norm in this dtype (matters for float32, not float64)."""
+    eps = torch.finfo(bq.dtype).eps
+    return 32.0 * eps * (bq.norm(dim=-1) + T.norm(dim=-1).amax(dim=-1, keepdim=True))
+
+
+def _newton_span(bq, T, fam, alpha, tol, max_iter, what):
+    r"""Newton on :math:`v` in :math:`\lambda=\alpha b+Q_Tv`, :math:`T^\top=Q_TR` (reduced QR).
+
+    :math:`Q_T` (``d x k``, :math:`k=\min(n,d)`) is an orthonormal basis of a space containing the
+    templates' span; :math:`R^\top R=TT^\top` is the Gram matrix.  Scores are
+    :math:`T\lambda=\alpha Tb+R^\top v`, the dual gradient is :math:`-Q_T(v/\alpha+Rp)` (so its
+    norm is computed in :math:`k` dimensions, exactly), and the Newton system
+    :math:`(I_k/\alpha+RSR^\top)\Delta v=-(v/\alpha+Rp)` is ``k x k`` symmetric positive definite.
+    Problems are flattened to one batch axis; converged ones are dropped from later iterations.
+    """
+    Qb, R = torch.linalg.qr(T.mT)  # (..., d, k), (..., k, n)
+    k, n = R.shape[-2], R.shape[-1]
+    sb = alpha * (bq @ T.mT)
+    # start from the paper's approximation lambda = alpha z = alpha b - alpha T^T u (eq. 16): v = -alpha R u
+    v0 = -alpha * (fam.prior(sb) @ R.mT)
+    batch = tuple(torch.broadcast_shapes(sb.shape[:-1], v0.shape[:-1], fam.batch_shape()))
+    Rb = R.unsqueeze(-3).expand(batch + (k, n)).reshape(-1, k, n)
+    v = v0.expand(batch + (k,)).reshape(-1, k).clone()
+    th = (torch.clamp(_floor(bq, T), min=tol) ** 2).expand(batch).reshape(-1)
+    fa = fam.flatten(batch)
+    eye = torch.eye(k, dtype=v.dtype, device=v.device) / alpha
+    # KL: R diag(p) R^T = p @ [r_i r_i^T]_i is one GEMM per template set while every problem is
+    # still iterating; worth its memory when the template sets are shared by enough queries
+    outer = None
+    if isinstance(fam, _KL) and R.shape[:-2].numel() * n <= 4 * v.shape[0]:
+        outer = (R.mT.unsqueeze(-1) * R.mT.unsqueeze(-2)).reshape(R.shape[:-2] + (n, k * k))
+    # state of the problems still iterating (indices idx into the flat batch; None: all of them)
+    idx, Ra, va = None, Rb, v
+    s = sb.expand(batch + (n,)).reshape(-1, n) + _mv(va, Ra)
+    p = fa.probs(s)
+    Rp = _mv(p, Ra.mT)
+    g = va / alpha + Rp  # = -Q^T grad D
+    m = (g * g).sum(-1)
+    for _ in range(max_iter + 1):
+        act = m > th
+        if not bool(act.all()):
+            if not bool(act.any()):
+                return alpha * bq + v.reshape(batch + (k,)) @ Qb.mT
+            sel = act.nonzero().squeeze(-1)
+            idx = sel if idx is None else idx[sel]
+            Ra, va, fa, th, s, p, Rp, g, m = (Ra[sel], va[sel], fa.take(sel), th[sel], s[sel], p[sel], Rp[sel],
+                                              g[sel], m[sel])
+        if idx is None and outer is not None:
+            H = torch.addcmul(eye, Rp.unsqueeze(-1), Rp.unsqueeze(-2), value=-1.0)
+            H += (p.reshape(batch + (n,)) @ outer).reshape(-1, k, k)
+        else:
+            H = eye + fa.rsr(s, p, Rp, Ra)
+        L, _ = torch.linalg.cholesky_ex(H)
+        dv = -torch.cholesky_solve(g.unsqueeze(-1), L).squeeze(-1)
+        w = _mv(dv, Ra)
+        # full Newton step; Armijo on the merit |grad D|^2 (the Newton direction is a descent direction)
+        v1, s1 = va + dv, s + w
+        p1 = fa.probs(s1)
+        Rp1 = _mv(p1, Ra.mT)
+        g1 = v1 / alpha + Rp1
+        m1 = (g1 * g1).sum(-1)
+        bad = (m1 > (1.0 - 2.0 * _LS_SIGMA) * m).nonzero().squeeze(-1)
+        if bad.numel():  # backtrack, halving, on the failing problems only
+            for j in range(1, _LS_STEPS):
+                t = _LS_RHO**j
+                fb = fa.take(bad)
+                vf, sf = va[bad] + t * dv[bad], s[bad] + t * w[bad]
+                pf = fb.probs(sf)
+                Rpf = _mv(pf, Ra[bad].mT)
+                gf = vf / alpha + Rpf
+                mf = (gf * gf).sum(-1)
+                keep = (mf <= (1.0 - 2.0 * _LS_SIGMA * t) * m[bad]) | (j == _LS_STEPS - 1)
+                kk = bad[keep]
+                v1[kk], s1[kk], p1[kk], Rp1[kk], g1[kk], m1[kk] = (
+                    vf[keep], sf[keep], pf[keep], Rpf[keep], gf[keep], mf[keep])
+                bad = bad[~keep]
+                if not bad.numel():
+                    break
+        va, s, p, Rp, g, m = v1, s1, p1, Rp1, g1, m1
+        v = va if idx is None else v.index_copy(0, idx, va)
+    raise RuntimeError(
+        f"{what} did not converge in {max_iter} Newton iterations: "
+        f"max |grad| = {m.max().sqrt().item():.3g} > tol"
+    )
+
+
+def _newton_dense(bq, T, fam, alpha, tol, max_iter, what):
+    """Textbook Newton in ``lambda`` with ``d x d`` Cholesky solves (the reference for benchmarks)."""
+    sb = alpha * (bq @ T.mT)
+    steps = _LS_RHO ** torch.arange(_LS_STEPS, dtype=bq.dtype, device=bq.device)
+    u0 = fam.prior(sb)
+    lam = (alpha * (bq - u0 @ T)).expand(fam.probs(sb).shape[:-1] + bq.shape[-1:]).clone()
+    thr = torch.clamp(_floor(bq, T), min=tol)
+    d = T.shape[-1]
+    eye = torch.eye(d, dtype=T.dtype, device=T.device)
+    Tq = T.unsqueeze(-3)
+    for _ in range(max_iter + 1):
+        s = lam @ T.mT
+        p, S = fam.hess(s)
+        g = bq - lam / alpha - p @ T
+        gnorm = g.norm(dim=-1)
+        active = gnorm > thr
+        if not bool(active.any()):
+            return lam
+        H = eye / alpha + Tq.mT @ S @ Tq
+        L = torch.linalg.cholesky(H)
+        dl = torch.cholesky_solve(g.unsqueeze(-1), L).squeeze(-1) * active.unsqueeze(-1)
+        w = dl @ T.mT
+        st = steps.view((-1,) + (1,) * lam.ndim)
+        gk = bq - (lam + st * dl) / alpha - fam.probs(s + st * w) @ T
+        t = _select_step((gk * gk).sum(-1), gnorm**2, steps)
+        lam = lam + t.unsqueeze(-1) * dl
+    raise RuntimeError(
+        f"{what} did not converge in {max_iter} Newton iterations: max |grad| = {gnorm.max().item():.3g} > tol"
+    )
+
+
+def _implicit(lam, bq, T, fam, alpha):
+    r"""Attach :math:`d\lambda^*=(I/\alpha+T^\top ST)^{-1}\,\partial_\theta\nabla D\,d\theta` to ``lam``.
+
+    ``lam`` is the detached maximizer; the value returned equals it exactly, and its gradient with
+    respect to ``bq``, ``T`` and the family's tensors is the implicit-function-theorem one.  With
+    :math:`T^\top=Q_TR`, :math:`(I/\alpha+T^\top ST)^{-1}=\alpha(I-Q_TQ_T^\top)+Q_T(I/\alpha+RSR^\top)^{-1}Q_T^\top`.
+    """
+    g = bq - lam / alpha - fam.probs(lam @ T.mT) @ T  # ~0 in value, carries the graph
+    with torch.no_grad():
+        Td = T.detach()
+        Qb, R = torch.linalg.qr(Td.mT)
+        _, S = fam.detached().hess(lam @ Td.mT)
+        Rq = R.unsqueeze(-3)
+        eye = torch.eye(R.shape[-2], dtype=R.dtype, device=R.device) / alpha
+        H = eye + Rq @ S @ Rq.mT
+    a = g @ Qb
+    inner = torch.linalg.solve(H, a.unsqueeze(-1)).squeeze(-1)
+    w = alpha * (g - a @ Qb.mT) + inner @ Qb.mT
+    return lam + (w - w.detach())
+
+
+def _solve(bq, T, fam, alpha, tol, max_iter, method, what):
+    if method not in ("auto", "span", "dense"):
+        raise ValueError(f"method must be 'auto', 'span' or 'dense'; got {method!r}")
+    with torch.no_grad():
+        solver = _newton_dense if method == "dense" else _newton_span
+        lam = solver(bq.detach(), T.detach(), fam.detached(), alpha, tol, max_iter, what)
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (bq, T) + fam.tensors())
+    return _implicit(lam, bq, T, fam, alpha) if needs_grad else lam
+
+
+# ----------------------------------------------------------------------------------------------
+# public API: KL problem
+# ----------------------------------------------------------------------------------------------
+
+
+def generalized_attention(z, templates, u=None, alpha=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Generalized attention, eq. (18) of the Fenchel-dual paper.
+
+    .. math::
+
+        \hat h=\sum_{i=1}^n p_i t_i,\qquad
+        p_i=\frac{u_i\,e^{\alpha\langle t_i,z\rangle}}{\sum_j u_j\,e^{\alpha\langle t_j,z\rangle}}
+        =\operatorname{softmax}_i\big(\log u_i+\alpha\langle t_i,z\rangle\big),
+
+    the estimate of eq. (12) with :math:`\lambda^*` replaced by its small-:math:`\alpha`
+    approximation :math:`\alpha z` (eq. 16).
+
+    **Mapping to scaled dot-product attention.**  PyTorch's
+    ``scaled_dot_product_attention(q, k, v, attn_mask=B, scale=sigma)`` computes
+    :math:`\operatorname{softmax}(\sigma\,qk^\top+B)\,v` (``sigma`` defaults to :math:`1/\sqrt d`).
+    With ``z = q``, ``templates = k``, ``alpha = sigma`` and
+
+    * ``u = None`` (uniform :math:`u_i=1/n`, eq. 18 with the constant :math:`\log(1/n)` cancelling):
+      ``weights`` equals the SDPA weights without a mask;
+    * ``u`` uniform on the keys a boolean mask allows and ``0`` elsewhere: SDPA with that mask;
+    * ``u = t5_preference(B, mask)`` (:math:`u\propto e^{B}` on the allowed keys, eq. 19):
+      SDPA with the additive float mask ``B`` (``-inf`` where masked), i.e. eq. (20);
+
+    then ``weights @ v`` is SDPA's output, and ``h`` is SDPA's output with ``v = k``.  Only the
+    product :math:`\alpha\langle t_i,z\rangle` enters the weights, so ``(z=sigma*q, alpha=1)`` gives
+    the same weights; the paper's BERT reading (Sec. 8) takes :math:`\alpha=1`,
+    :math:`t_i=x_i/\sqrt{d'}`, :math:`z=K^\top Qx_k`.
+
+    Args:
+        z: evidence, ``(..., d)`` or ``(..., n_q, d)`` (see the module's shape convention).
+        templates: ``(..., n, d)``.
+        u: preference, broadcastable to the weights ``(..., n)`` / ``(..., n_q, n)``; non-negative,
+            summing to one; ``None`` for uniform.  Zeros mask templates.
+        alpha: :math:`\alpha>0`, the reliability of the evidence.
+
+    Returns:
+        ``(h, weights)``: ``(..., [n_q,] d)`` and ``(..., [n_q,] n)``.
+
+    Raises:
+        ValueError: ``alpha <= 0``, NaN/inf inputs, shape mismatch, ``u`` negative or not summing
+            to one.
+        TypeError: non-float inputs or mixed dtypes.
+    """
+    T = _templates(templates)
+    zq, single = _vector(z, "z", T)
+    alpha = _alpha(alpha)
+    uq = _preference(u, T, single)
+    scores = alpha * (zq @ T.mT)
+    if uq is not None:
+        _broadcast({"weights": scores.shape, "u": uq.shape})
+        scores = scores + _log_pref(uq)
+    weights = torch.softmax(scores, dim=-1)
+    h = weights @ T
+    if single:
+        h, weights = h.squeeze(-2), weights.squeeze(-2)
+    return h, weights
+
+
+def dual_objective(lam, b, templates, u=None, alpha=1.0) -> torch.Tensor:
+    r"""The Fenchel dual objective of eq. (9) of the Fenchel-dual paper, for a discrete preference.
+
+    .. math::
+
+        D(\lambda)=\langle\lambda,b\rangle-\frac{1}{2\alpha}\lVert\lambda\rVert^2
+        -\log\sum_{i=1}^n u_i\,e^{\langle t_i,\lambda\rangle},\qquad b=\mu+z,
+
+    the log moment generating function of eq. (10) evaluated for :math:`u=\sum_i u_i\delta_{t_i}`.
+
+    Args:
+        lam: dual variable :math:`\lambda`, ``(..., d)`` or ``(..., n_q, d)``.
+        b: :math:`b=\mu+z`, broadcastable to ``lam``.
+        templates: ``(..., n, d)``.
+        u: preference (``None`` = uniform), zeros allowed.
+        alpha: :math:`\alpha>0`.
+
+    Returns:
+        :math:`D(\lambda)`, shape ``(...)`` or ``(..., n_q)``.
+
+    Raises:
+        ValueError, TypeError: as :func:`generalized_attention`.
+    """
+    T = _templates(templates)
+    lq, single = _vector(lam, "lam", T)
+    bq = _bq_like(b, T, single)
+    alpha = _alpha(alpha)
+    uq = _preference(u, T, single)
+    s = lq @ T.mT
+    if uq is not None:
+        _broadcast({"scores": s.shape, "u": uq.shape})
+    val = (lq * bq).sum(-1) - (lq * lq).sum(-1) / (2 * alpha) - _KL(uq).value(s)
+    return val.squeeze(-1) if single else val
+
+
+def _bq_like(b, T, single, name="b"):
+    b = as_float_tensor(b, name, min_ndim=1, like=T)
+    _check_like(b, name, T, "templates")
+    check_finite(b, name)
+    check_shape_match(b, name, T, "templates", [(-1, -1)])
+    return b.unsqueeze(-2) if single else b
+
+
+def solve_dual(b, templates, u=None, alpha=1.0, tol=1e-10, max_iter=100, *, method="auto") -> torch.Tensor:
+    r"""The exact maximizer :math:`\lambda^*` of the dual (9) of the Fenchel-dual paper.
+
+    Solves :math:`\nabla D(\lambda)=b-\lambda/\alpha-\sum_i p_i(\lambda)\,t_i=0` with
+    :math:`p(\lambda)=\operatorname{softmax}(\log u+T\lambda)` by Newton's method with a
+    backtracking line search on :math:`\lVert\nabla D\rVert^2` (globally convergent: :math:`-D` is
+    :math:`1/\alpha`-strongly convex, so the Hessian is uniformly invertible), starting from the
+    paper's approximation :math:`\lambda_0=\alpha z=\alpha(b-\mu)` (eq. 16).  By stationarity
+    :math:`\lambda^*=\alpha z+\alpha\,T^\top(u-\tilde p)`, so with ``method="span"`` (the default)
+    the iteration runs on :math:`v` in :math:`\lambda=\alpha b+Q_Tv`, :math:`T^\top=Q_TR`, with
+    :math:`\min(n,d)\times\min(n,d)` Cholesky solves (see the module docstring); problems that have
+    converged leave the batch.  ``method="dense"`` is the textbook iteration on :math:`\lambda` with
+    :math:`d\times d` Cholesky solves, kept as a reference.  Batched over all leading dimensions;
+    one host synchronisation per iteration (the global convergence test), none per element.
+
+    Gradients with respect to ``b``, ``templates`` and ``u`` are those of the implicit function
+    theorem, :math:`d\lambda^*=(I/\alpha+T^\top ST)^{-1}\,d(\nabla D)|_{\lambda^*}` with
+    :math:`S=\operatorname{diag}\tilde p-\tilde p\tilde p^\top` (first order only).
+
+    Args:
+        b: :math:`b=\mu+z`, ``(..., d)`` or ``(..., n_q, d)``.
+        templates: ``(..., n, d)``.
+        u: preference (``None`` = uniform); zeros mask templates.
+        alpha: :math:`\alpha>0`.
+        tol: stop when every :math:`\lVert\nabla D(\lambda)\rVert_2\le` ``tol`` (raised to the
+            rounding floor :math:`32\varepsilon(\lVert b\rVert+\max_i\lVert t_i\rVert)` of the dtype
+            when below it, which only happens in low precision).
+        max_iter: Newton iterations before giving up.
+        method: ``"auto"`` (= ``"span"``), ``"span"`` or ``"dense"``.
+
+    Returns:
+        :math:`\lambda^*`, same layout as ``b`` (broadcast against ``templates`` and ``u``).
+
+    Raises:
+        ValueError, TypeError: as :func:`generalized_attention`, or bad ``tol``/``max_iter``/``method``.
+        RuntimeError: no convergence within ``max_iter`` iterations.
+    """
+    T = _templates(templates)
+    bq, single = _vector(b, "b", T)
+    alpha = _alpha(alpha)
+    tol, max_iter = _tol(tol, max_iter)
+    uq = _preference(u, T, single)
+    if uq is not None:
+        _broadcast({"scores": bq.shape[:-1] + (T.shape[-2],), "u": uq.shape})
+    lam = _solve(bq, T, _KL(uq), alpha, tol, max_iter, method, "solve_dual")
+    return lam.squeeze(-2) if single else lam
+
+
+def exact_estimate(b, templates, u=None, alpha=1.0, tol=1e-10, max_iter=100) -> torch.Tensor:
+    r"""The exact estimate :math:`\hat h` of eq. (12) of the Fenchel-dual paper.
+
+    .. math::
+
+        \hat h=\sum_i t_i\,\frac{u_i e^{\langle t_i,\lambda^*\rangle}}{\sum_j u_j e^{\langle t_j,\lambda^*\rangle}},
+        \qquad \lambda^*=\arg\max D \ \text{(eq. 9, via :func:`solve_dual`)},
+
+    the mean of the minimizer :math:`\tilde p` (eq. 11) of problem (4).  Compare with
+    :func:`generalized_attention` at ``z = b - mu``: the two agree to :math:`O(\alpha^2)`.
+
+    Args:
+        b: :math:`b=\mu+z`, ``(..., d)`` or ``(..., n_q, d)``.
+        templates, u, alpha, tol, max_iter: as in :func:`solve_dual`.
+
+    Returns:
+        :math:`\hat h`, same layout as ``b``.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: as :func:`solve_dual`.
+    """
+    lam = solve_dual(b, templates, u, alpha, tol, max_iter)
+    return generalized_attention(lam, templates, u, 1.0)[0]
+
+
+def gaussian_dual_maximizer(mu, b, alpha, *, cov=None) -> torch.Tensor:
+    r"""Closed-form dual maximizer for a Gaussian preference (Sec. 5 and eq. 15 of the Fenchel-dual paper).
+
+    For :math:`u=\mathcal N(\mu,\Sigma)` the log-MGF is exactly quadratic, so eq. (15) is exact:
+
+    .. math::
+
+        \lambda^*=\alpha\,(I_d+\alpha\Sigma)^{-1}(b-\mu),
+
+    which for :math:`\Sigma=I_d` (the default, Sec. 5) is :math:`\frac{\alpha}{1+\alpha}(b-\mu)`.
+
+    Args:
+        mu: :math:`\mu`, ``(..., d)``.
+        b: :math:`b`, broadcastable to ``mu``.
+        alpha: :math:`\alpha>0`.
+        cov: optional symmetric positive semi-definite :math:`\Sigma`, ``(..., d, d)``.
+
+    Returns:
+        :math:`\lambda^*`, ``(..., d)``.
+
+    Raises:
+        ValueError, TypeError: bad ``alpha``, NaN, mismatched shapes or dtypes.
+    """
+    mu, b, alpha, cov = _gauss_args(mu, b, alpha, cov)
+    if cov is None:
+        return alpha / (1.0 + alpha) * (b - mu)
+    d = mu.shape[-1]
+    eye = torch.eye(d, dtype=mu.dtype, device=mu.device)
+    return alpha * torch.linalg.solve(eye + alpha * cov, (b - mu).unsqueeze(-1)).squeeze(-1)
+
+
+def gaussian_estimate(mu, b, alpha, *, cov=None) -> torch.Tensor:
+    r"""Closed-form estimate for a Gaussian preference (Sec. 5 of the Fenchel-dual paper).
+
+    With :math:`u=\mathcal N(\mu,I_d)` the minimizer of (4) is :math:`\mathcal N(\mu+\lambda^*,I_d)`
+    and
+
+    .. math::
+
+        \hat h=\mu+\lambda^*=\frac{1}{1+\alpha}\,\mu+\frac{\alpha}{1+\alpha}\,b ;
+
+    with a covariance :math:`\Sigma` (eq. 15, exact for Gaussians) :math:`\hat h=\mu+\Sigma\lambda^*`,
+    :math:`\lambda^*=\alpha(I+\alpha\Sigma)^{-1}(b-\mu)`.
+
+    Args:
+        mu: :math:`\mu`, ``(..., d)``.
+        b: :math:`b=\mu+z`, broadcastable to ``mu``.
+        alpha: :math:`\alpha>0`.
+        cov: optional :math:`\Sigma`, ``(..., d, d)``; ``None`` means :math:`I_d`.
+
+    Returns:
+        :math:`\hat h`, ``(..., d)``.
+
+    Raises:
+        ValueError, TypeError: as :func:`gaussian_dual_maximizer`.
+    """
+    lam = gaussian_dual_maximizer(mu, b, alpha, cov=cov)
+    mu = as_float_tensor(mu, "mu", min_ndim=1)
+    if cov is None:
+        return mu + lam
+    return mu + (cov @ lam.unsqueeze(-1)).squeeze(-1)
+
+
+def _gauss_args(mu, b, alpha, cov):
+    mu = as_float_tensor(mu, "mu", min_ndim=1)
+    check_finite(mu, "mu")
+    b = as_float_tensor(b, "b", min_ndim=1, like=mu)
+    _check_like(b, "b", mu, "mu")
+    check_finite(b, "b")
+    check_shape_match(b, "b", mu, "mu", [(-1, -1)])
+    _broadcast({"mu": mu.shape, "b": b.shape})
+    alpha = _alpha(alpha)
+    if cov is not None:
+        cov = as_float_tensor(cov, "cov", min_ndim=2, like=mu)
+        _check_like(cov, "cov", mu, "mu")
+        check_finite(cov, "cov")
+        d = mu.shape[-1]
+        if cov.shape[-1] != d or cov.shape[-2] != d:
+            raise ValueError(f"cov must be (..., d, d) with d={d}; got shape {tuple(cov.shape)}")
+    return mu, b, alpha, cov
+
+
+def t5_preference(position_bias, mask=None) -> torch.Tensor:
+    r"""T5's relative-position bias and word mask as a preference, eq. (19) of the Fenchel-dual paper.
+
+    .. math::
+
+        u_i=\begin{cases}0 & \text{word } i \text{ masked}\\ e^{B_i}/Z & \text{otherwise,}\end{cases}
+        \qquad Z=\sum_{i\ \text{unmasked}}e^{B_i},
+
+    so that :func:`generalized_attention` with this :math:`u` and :math:`\alpha=1` is eq. (20): the
+    bias and the mask are added to the scores before the softmax.
+
+    Args:
+        position_bias: ``(..., n)`` scores :math:`B` (e.g. T5's bucketed relative-position bias,
+            ``(..., n_q, n)``); ``-inf`` entries count as masked.
+        mask: optional boolean tensor broadcastable to ``position_bias``; ``True`` marks a word that
+            may be attended to (PyTorch's SDPA convention).
+
+    Returns:
+        :math:`u`, the broadcast shape, summing to one over the last dimension.
+
+    Raises:
+        TypeError: ``mask`` not boolean, ``position_bias`` not floating.
+        ValueError: NaN or ``+inf`` in the bias, a row with every word masked, bad broadcast.
+    """
+    bias = as_float_tensor(position_bias, "position_bias", min_ndim=1)
+    check_finite(bias, "position_bias", allow_neg_inf=True)
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError("mask must be a boolean tensor (True = may attend)")
+        if mask.device != bias.device:
+            raise ValueError(f"mask is on {mask.device} but position_bias is on {bias.device}")
+        _broadcast({"position_bias": bias.shape, "mask": mask.shape})
+        bias = bias.masked_fill(~mask, float("-inf"))
+    if torch.isneginf(bias).all(dim=-1).any():
+        raise ValueError("every word of some row is masked; a preference needs at least one allowed word")
+    return torch.softmax(bias, dim=-1)
+
+
+def relative_deviation(lam_star, approx) -> torch.Tensor:
+    r"""Relative deviation :math:`\lVert\lambda^*-\hat\lambda\rVert/\lVert\lambda^*\rVert` of Fig. 4.
+
+    Fig. 4 of the Fenchel-dual paper measures how far the approximation
+    :math:`\hat\lambda=\alpha z` (eq. 16) is from the exact maximizer :math:`\lambda^*` of (9) in
+    BERT and T5.  A zero :math:`\lambda^*` gives ``inf`` (``0`` if ``approx`` is zero too).
+
+    Args:
+        lam_star: :math:`\lambda^*`, ``(..., d)``.
+        approx: :math:`\hat\lambda`, broadcastable to ``lam_star``.
+
+    Returns:
+        ``(...)`` relative deviations.
+
+    Raises:
+        ValueError, TypeError: NaN, mismatched shapes or dtypes.
+    """
+    lam_star = as_float_tensor(lam_star, "lam_star", min_ndim=1)
+    check_finite(lam_star, "lam_star")
+    approx = as_float_tensor(approx, "approx", min_ndim=1, like=lam_star)
+    _check_like(approx, "approx", lam_star, "lam_star")
+    check_finite(approx, "approx")
+    _broadcast({"lam_star": lam_star.shape, "approx": approx.shape})
+    diff = (lam_star - approx).norm(dim=-1)
+    return torch.where(diff == 0, torch.zeros_like(diff), diff / lam_star.norm(dim=-1))
+
+
+# ----------------------------------------------------------------------------------------------
+# public API: entropic optimal-transport problem (Sec. 9, Appx D)
+# ----------------------------------------------------------------------------------------------
+
+
+def _true_pref(u: torch.Tensor, cost: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``u (..., n)`` and ``cost (..., n, n)`` with leading dimensions aligned."""
+    q = torch.softmax(-cost / gamma, dim=-2)  # column j: where the mass u_j goes
+    return (q * u.unsqueeze(-2)).sum(-1)
+
+
+def true_preference(u, cost, gamma) -> torch.Tensor:
+    r"""The true preference :math:`\tilde u`, eq. (40) / Prop. 1 of the Fenchel-dual paper.
+
+    :math:`\tilde u` minimizes :math:`p\mapsto\mathcal W_\gamma(p,u;M)` (eq. 23): each unit of
+    preference mass at :math:`t_j` spreads over the templates with a Gibbs kernel,
+
+    .. math::
+
+        \tilde u_i=\sum_j u_j\,\frac{e^{-M_{ij}/\gamma}}{\sum_{l}e^{-M_{lj}/\gamma}},
+
+    and :math:`\tilde u\to u` as :math:`\gamma\to0` when :math:`M_{jj}<M_{ij}` for :math:`i\ne j`.
+    ``cost[..., i, j]`` is :math:`M(t_i,t_j)`, :math:`t_i` the template that receives mass and
+    :math:`t_j` the one where the preference puts it; the paper's symmetric :math:`M` makes the
+    order immaterial.
+
+    Args:
+        u: preference ``(..., N)`` over all templates (zeros allowed).
+        cost: :math:`M`, ``(..., N, N)``; finite or ``+inf``.
+        gamma: :math:`\gamma>0`, the entropic regularization.
+
+    Returns:
+        :math:`\tilde u`, ``(..., N)``.
+
+    Raises:
+        ValueError, TypeError: bad ``gamma``, NaN, ``u`` not a probability vector, bad shapes.
+    """
+    u = as_float_tensor(u, "u", min_ndim=1)
+    check_finite(u, "u")
+    check_probability_vector(u, "u")
+    m = _cost(cost, u.new_zeros((u.shape[-1], 1)), "u")
+    gamma = _alpha(gamma, "gamma")
+    _broadcast({"u": u.shape[:-1], "cost": m.shape[:-2]})
+    return _true_pref(u, m, gamma)
+
+
+def ot_attention(z, templates, u=None, cost=None, alpha=1.0, gamma=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Optimal-transport attention, eq. (25) of the Fenchel-dual paper.
+
+    The small-:math:`\alpha`, small-:math:`\alpha/\gamma` solution of problem (24) (KL replaced by
+    the entropic OT cost :math:`\mathcal W_\gamma(p,u;M)`, eq. 23):
+
+    .. math::
+
+        p_i=\sum_{j} u_j\,\frac{e^{(\alpha\langle t_i,z\rangle-M_{ij})/\gamma}}{Z_j},\qquad
+        Z_j=\sum_{l}e^{(\alpha\langle t_l,z\rangle-M_{lj})/\gamma},\qquad \hat h=\sum_i p_i t_i .
+
+    A template with :math:`u_i=0` still receives weight if it is cheap to reach from preferred
+    ones.  As :math:`\alpha\to0` the weights tend to :func:`true_preference`.
+
+    Args:
+        z: evidence, ``(..., d)`` or ``(..., n_q, d)``.
+        templates: all templates :math:`\mathcal A`, ``(..., N, d)``.
+        u: preference over them (``None`` = uniform), zeros allowed.
+        cost: :math:`M`, ``(..., N, N)`` (``cost[..., i, j] = M(t_i, t_j)``), finite or ``+inf``.
+        alpha: :math:`\alpha>0`.
+        gamma: :math:`\gamma>0`.
+
+    Returns:
+        ``(h, weights)`` of shapes ``(..., [n_q,] d)`` and ``(..., [n_q,] N)``.
+
+    Raises:
+        ValueError, TypeError: as :func:`generalized_attention`, plus a bad ``cost`` or ``gamma``.
+    """
+    T = _templates(templates)
+    zq, single = _vector(z, "z", T)
+    alpha = _alpha(alpha)
+    gamma = _alpha(gamma, "gamma")
+    uq = _preference(u, T, single)
+    if cost is None:
+        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
+    fam = _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+    weights = fam.probs(alpha * (zq @ T.mT))
+    h = weights @ T
+    if single:
+        h, weights = h.squeeze(-2), weights.squeeze(-2)
+    return h, weights
+
+
+def ot_dual_objective(lam, b, templates, u=None, cost=None, alpha=1.0, gamma=1.0) -> torch.Tensor:
+    r"""Dual objective of the OT problem (24), eqs. (36) and (39) of the Fenchel-dual paper.
+
+    .. math::
+
+        D_\gamma(\lambda)=\langle\lambda,b\rangle-\frac{1}{2\alpha}\lVert\lambda\rVert^2
+        -\gamma\Big(H(u)+\sum_j u_j\log\sum_i e^{(\langle t_i,\lambda\rangle-M_{ij})/\gamma}\Big),
+
+    with :math:`b=\tilde\mu+z`; the constant :math:`\gamma H(u)` (dropped in eq. 39) is kept so that
+    the value equals the primal optimum (strong duality).
+
+    Args:
+        lam, b, templates, u: as :func:`dual_objective` (``templates`` are all of :math:`\mathcal A`).
+        cost, alpha, gamma: as :func:`ot_attention`.
+
+    Returns:
+        ``(...)`` or ``(..., n_q)`` values.
+
+    Raises:
+        ValueError, TypeError: as :func:`ot_attention`.
+    """
+    T = _templates(templates)
+    lq, single = _vector(lam, "lam", T)
+    bq = _bq_like(b, T, single)
+    alpha = _alpha(alpha)
+    gamma = _alpha(gamma, "gamma")
+    uq = _preference(u, T, single)
+    if cost is None:
+        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
+    fam = _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+    val = (lq * bq).sum(-1) - (lq * lq).sum(-1) / (2 * alpha) - fam.value(lq @ T.mT)
+    return val.squeeze(-1) if single else val
+
+
+def solve_ot_dual(b, templates, u=None, cost=None, alpha=1.0, gamma=1.0, tol=1e-10, max_iter=100, *, method="auto"):
+    r"""Exact maximizer of the OT dual (39) of the Fenchel-dual paper.
+
+    Same Newton solver as :func:`solve_dual`, with :math:`p(\lambda)=\sum_j u_j\,
+    \operatorname{softmax}_i((\langle t_i,\lambda\rangle-M_{ij})/\gamma)` (eq. 37) and Hessian
+    :math:`T^\top\gamma^{-1}\big(\operatorname{diag}p-\sum_j u_j q_jq_j^\top\big)T`; stationarity
+    again puts :math:`\lambda^*-\alpha b` in the span of the templates.
+
+    Args:
+        b: :math:`b=\tilde\mu+z`, ``(..., d)`` or ``(..., n_q, d)``.
+        templates, u, cost, alpha, gamma: as :func:`ot_attention`.
+        tol, max_iter, method: as :func:`solve_dual`.
+
+    Returns:
+        :math:`\lambda^*`, same layout as ``b``.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: as :func:`solve_dual` and :func:`ot_attention`.
+    """
+    T = _templates(templates)
+    bq, single = _vector(b, "b", T)
+    alpha = _alpha(alpha)
+    gamma = _alpha(gamma, "gamma")
+    tol, max_iter = _tol(tol, max_iter)
+    uq = _preference(u, T, single)
+    if cost is None:
+        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
+    fam = _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+    lam = _solve(bq, T, fam, alpha, tol, max_iter, method, "solve_ot_dual")
+    return lam.squeeze(-2) if single else lam
+
+
+def ot_exact_estimate(z, templates, u=None, cost=None, alpha=1.0, gamma=1.0, tol=1e-10, max_iter=100):
+    r"""Exact solution of the OT problem (24) via its dual (39), eqs. (38)–(39) of the Fenchel-dual paper.
+
+    With :math:`b=\tilde\mu+z` (:math:`\tilde\mu` the mean of :func:`true_preference`) and
+    :math:`\lambda^*` from :func:`solve_ot_dual`,
+
+    .. math::
+
+        p^*_i=\sum_j u_j\,\frac{e^{(\langle t_i,\lambda^*\rangle-M_{ij})/\gamma}}
+        {\sum_l e^{(\langle t_l,\lambda^*\rangle-M_{lj})/\gamma}},\qquad \hat h=\sum_i p^*_i t_i ;
+
+    :func:`ot_attention` is this with :math:`\lambda^*\approx\alpha z`.
+
+    Args:
+        z, templates, u, cost, alpha, gamma: as :func:`ot_attention`.
+        tol, max_iter: as :func:`solve_dual`.
+
+    Returns:
+        ``(h, weights)`` as :func:`ot_attention`.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: as :func:`solve_ot_dual`.
+    """
+    T = _templates(templates)
+    zq, single = _vector(z, "z", T)
+    alpha = _alpha(alpha)
+    gamma = _alpha(gamma, "gamma")
+    tol, max_iter = _tol(tol, max_iter)
+    uq = _preference(u, T, single)
+    if cost is None:
+        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
+    fam = _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+    bq = zq + fam.prior(zq) @ T
+    lam = _solve(bq, T, fam, alpha, tol, max_iter, "auto", "ot_exact_estimate")
+    weights = fam.probs(lam @ T.mT)
+    h = weights @ T
+    if single:
+        h, weights = h.squeeze(-2), weights.squeeze(-2)
+    return h, weights
