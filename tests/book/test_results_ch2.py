@@ -1,0 +1,151 @@
+"""Claims of chapter 2 (attention as a Markov kernel), checked against the numbers its notebooks record.
+
+One test per notebook; each assert quotes the sentence of the rendered page it checks.
+"""
+
+import math
+
+
+def test_ch2_kernels_in_code(results):
+    r = results("ch2_kernels_in_code")
+    assert r["scale"] == "book"
+    # "The composition agrees with softmax(qK^T/sqrt d) V to rounding."
+    assert r["one_query_error"] <= 1e-12
+    # "All three agree with PyTorch's fused kernel to 1e-12 in float64 (in practice a few units of 1e-16)."
+    for key in ("kernel_vs_sdpa", "three_steps_vs_sdpa", "weighted_measure_vs_sdpa_bias"):
+        assert r[key] <= 1e-12, key
+        assert r[key] <= 1e-14, key  # "a few units of 1e-16"
+    # "Both agree to 1e-12: multi-head attention *is* the projected mixture of single-head kernels."
+    assert r["multihead_vs_torch_mha"] <= 1e-12
+    assert r["encoder_layer_vs_torch"] <= 1e-12
+
+    only = "attention only, β=1/√2"
+    sharp = "attention only, β=4"
+    residual = "residual, β=1/√2"
+    circle = "residual + circle, β=4"
+    # "Without a residual connection the diameter never increases (the largest one-layer change is <= 1e-12)"
+    assert r["max_diameter_increase_attention_only"] <= 1e-12
+    # "at beta = 1/sqrt 2 it falls below 1e-6 of its initial value and the tokens end at one point"
+    assert r["collapse_ratio"] < 1e-6
+    assert r["clusters"][only] == 1
+    # "at beta = 4 it stalls at a finite value with several clusters"
+    assert r["clusters"][sharp] >= 2
+    assert r["final_diameter"][sharp] > 0.5 * r["initial_diameter"][sharp]
+    # "the diameter doubles per layer (the last growth factor printed above)"
+    assert abs(r["residual_growth_factor"] - 2.0) < 0.05
+    assert r["final_diameter"][residual] > 1e3 * r["initial_diameter"][residual]
+    # "the same clustering appears on the circle" / "merge into a few clusters"
+    assert 2 <= r["clusters"][circle] <= 6
+    # "W1(mu^h, mu^0) levels off in the two attention-only variants"
+    for name in (only, sharp):
+        assert r["w1_change_last_5_layers"][name] < 1e-6, name
+    # "On the circle it is still creeping up at the last layer (by less than a tenth over the last five layers)"
+    assert 0 < r["w1_change_last_5_layers"][circle] < 0.1
+
+
+def test_ch2_maximum_entropy(results):
+    r = results("ch2_maximum_entropy")
+    assert r["scale"] == "book"
+    # "SLSQP, which only knows the entropy and the constraints, lands on the Boltzmann-Gibbs weights to
+    # about 1e-9 (its own tolerance)"
+    assert r["slsqp_vs_tilt"] <= 1e-7
+    # "the Newton solution of the dual agrees with the attention weights to rounding, with lambda = q/sqrt d"
+    assert r["tilt_vs_attention"] <= 1e-12
+    assert r["tilt_vs_boltzmann_gibbs"] <= 1e-12
+    assert r["lambda_vs_q_over_sqrt_d"] <= 1e-9
+    # "over all the lines sampled the smallest loss away from mu* is positive"
+    assert r["min_entropy_loss"] > 0
+    # "the means and covariances agree to about 1e-7, far below the 1e-5 we assert"
+    assert r["kl_argmin_mean_error"] <= 1e-5 and r["kl_argmin_cov_error"] <= 1e-5
+    assert max(r["kl_argmin_mean_error"], r["kl_argmin_cov_error"]) <= 1e-6
+    # "(the quadrature is accurate to about 1e-13 in total mass)"
+    assert r["quadrature_mass_error"] <= 1e-12
+    # The moment-matched Gaussian is (up to the optimizer's tolerance) the KL minimiser.
+    assert r["kl_at_moment_match"] <= r["kl_at_argmin"] + 1e-10
+    # "The minimiser found by BFGS is the mean of mu for every sigma (to about 1e-8)"
+    assert r["prop17_argmin_error"] <= 1e-6
+    # "falls exactly like sigma d sqrt(2/pi): the fitted slope is 1 within 0.01"
+    assert abs(r["prop17_w1_slope"] - 1.0) <= 0.01
+    assert r["prop17_closed_form_gap"] <= 1e-6
+    # "the minimal KL divergence grows like sigma^-2 (slope close to -2)"
+    assert abs(r["prop17_kl_slope"] + 2.0) <= 0.05
+
+
+def test_ch2_regularity(results):
+    r = results("ch2_regularity")
+    assert r["scale"] == "book"
+    # Cor. 24. "The bound holds everywhere"
+    assert r["cor24_jacobian_check"] <= 1e-12
+    assert r["cor24_max_measured_over_bound"] <= 1.0
+    # "the looseness ranges from about one order of magnitude (small box, d=1) to about twelve (R=2, d=8)"
+    assert 3 <= r["cor24_looseness_min"] <= 30
+    assert 1e11 <= r["cor24_looseness_max"] <= 1e13
+
+    # Thm. 23. "The corrected constant stays above every measurement"
+    for name in ("dot", "gaussian"):
+        assert r["thm23_max_measured_over_corrected"][name] <= 1.0, name
+        assert r["thm23_max_measured_over_corrected_tau1"][name] <= 1.0, name
+        # "On small boxes ... the measured ratio tends to 1"
+        assert abs(r["thm23_smallest_radius_ratio"][name] - 1.0) <= 0.01, name
+        # "the crosses mark the radii where Thm. 23 as printed is violated"
+        assert r["thm23_smallest_radius_printed"][name] < r["thm23_smallest_radius_ratio"][name], name
+    # "the three smallest radii for the dot product, the smallest one for the Gaussian potential"
+    assert r["thm23_printed_violations"] == {"dot": 3, "gaussian": 1}
+    # "with tau(Pi)=1 it tends to 1 as R -> 0 and is nearly tight there"
+    assert r["thm23_max_measured_over_corrected_tau1"]["dot"] >= 0.9
+
+    # Unbounded domain. "the ratio tends to 1/2 + M^2/4 ... without bound" (slope 2 on log axes)
+    assert r["two_token_min_relative_excess"] >= -1e-4
+    assert r["two_token_closed_form_gap"] <= 1e-3
+    assert abs(r["dot_two_token_slope"] - 2.0) <= 0.05
+    assert r["dot_two_token_max"] > r["gaussian_bound_two"]  # grows past any fixed bound we draw
+    # "random clouds grow more slowly ..., but they grow too"
+    assert r["dot_clouds_max"] > 5 * r["gaussian_clouds_max"]
+    # "The Gaussian potential stays near 1 for any spread, well under the bound of Thm. 29."
+    assert r["gaussian_two_token_max"] <= 2.0 and r["gaussian_clouds_max"] <= 2.0
+    assert r["gaussian_two_token_max"] <= r["gaussian_bound_two"]
+    assert r["gaussian_clouds_max"] <= r["gaussian_bound_cloud"]
+    # Search over configurations. "The exact ratio at the searched configuration matches the Jacobian estimate"
+    assert r["gaussian_jacobian_check"] <= 1e-12
+    for rho, exact in zip(r["search_rho"], r["search_exact"]):
+        assert abs(exact - rho) <= 1e-4 * rho
+    # "the bound grows like sqrt(ln N)"
+    n, bound = r["search_N"], r["search_bound"]
+    for k in range(1, len(n)):
+        assert bound[k] > bound[k - 1]
+    # "the worst local ratio our search finds grows with N too"
+    assert r["search_growth_per_log_n"] > 0 and r["search_rho"][-1] > r["search_rho"][0]
+    # "the bound stays several times above it for every N we tried"
+    assert r["search_bound_margin"] >= 3
+    # Prop. 28. "violated from N = 10 on in the family above, with a gap that grows linearly in N"
+    assert r["prop28_first_failure"] == 10
+    ratios = dict(zip(r["prop28_N"], r["prop28_ratio"]))
+    assert math.isclose(ratios[1000] / ratios[100], 10.0, rel_tol=1e-3)
+    for n_, ratio, bracket in zip(r["prop28_N"], r["prop28_ratio"], r["prop28_bracket"]):
+        assert (ratio > bracket) == (n_ >= 10), n_
+
+    # Prop. 25. "Every point lies under the corrected line"
+    for key in ("1.0", "0.05"):
+        assert r["prop25"][key]["max_over_corrected"] <= 1.0, key
+    # "the output moves by nearly W1 itself (slope about 1) -- while the printed constant is about 0.03
+    # and is violated by every sub-sampled neighbourhood"
+    small = r["prop25"]["0.05"]
+    assert 0.9 <= small["max_ratio"] <= 1.1
+    assert 0.02 <= small["printed"] <= 0.04
+    assert small["printed_violations"] == small["n"] > 0
+    # "On the R = 1 box the printed constant happens to hold"
+    assert r["prop25"]["1.0"]["printed_violations"] == 0
+
+    # Prop. 26. "the corrected Thm. 23 with tau(Pi)=1 certifies tau(T) < 1 on E", tokens stay in E
+    assert r["prop26_tau_certified"] < 1.0
+    assert r["prop26_in_box"] <= 1.0
+    # "all five inputs ... end at the same configuration, every token at z*"
+    assert r["prop26_final_distance"] <= 1e-12
+    assert r["prop26_limit_spread"]["A: contraction"] <= 1e-12
+    # "B converges too, but each input to its own consensus point"
+    assert r["prop26_last_step"]["B: identity lookup"] <= 1e-12
+    assert r["prop26_limit_spread"]["B: identity lookup"] > 0.5
+    # "C ... the step sizes do not decay and there is no limit"
+    assert r["prop26_last_step"]["C: rotation lookup"] > 0.1
+    # "Certifying a contraction needed a lookup with ||l||_Lip about 0.2"
+    assert 0.15 <= r["prop26_lookup_lip"] <= 0.25
