@@ -95,7 +95,7 @@ class AttentionInputs:
         r"""Generalized-attention weights :math:`\operatorname{softmax}(\log u+\langle t_i,z_k\rangle)`, eq. (18).
 
         Returns:
-            ``(L, B, H, n, n)`` weights, to be compared with :attr:`probs`.
+            ``(L, B, H, n, n)`` weights, to be compared with ``probs``.
         """
         scores = self.evidence @ self.templates.mT
         logu = torch.where(self.preference > 0, self.preference.clamp_min(1e-300).log(),

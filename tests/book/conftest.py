@@ -1,15 +1,11 @@
 """Fixtures for the checks that run after the book is built (`make html`)."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = (ROOT / os.environ.get("ATTNOPT_BUILD_DIR", "_build")).resolve()
-HTML = BUILD / "_build" / "html"
-RESULTS = BUILD / "results"
+from book_paths import HTML, RESULTS
 
 
 @pytest.fixture(scope="session")

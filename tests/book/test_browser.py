@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD
+from book_paths import BUILD
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = BUILD / "screenshots"

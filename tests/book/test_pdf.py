@@ -5,7 +5,7 @@ import re
 import pytest
 from bs4 import BeautifulSoup
 
-from conftest import BUILD
+from book_paths import BUILD
 
 PDF = BUILD / "book.pdf"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from bs4 import BeautifulSoup
 
-from conftest import BUILD
+from book_paths import BUILD
 
 STUDENT = BUILD / "student" / "_build" / "html"
 

@@ -1,0 +1,663 @@
+r"""Multimodal continuous attention: Gaussian mixtures fitted to discrete attention weights.
+
+Chapter 5 of Farinhas's continuous-attention thesis replaces the single attention density by a
+mixture :math:`p(t)=\sum_k\pi_k\,\mathcal N(t;\mu_k,\Sigma_k)` (eq. (5.3)); by linearity the context
+is the mixture of the component contexts, :math:`c=\sum_k\pi_k B r_k` (eqs. (5.4)--(5.5)).  When only
+discrete attention weights :math:`w_l\ge0` over locations :math:`t_l` are available, the mixture is
+fitted to them by EM for weighted data (eqs. (5.12)--(5.16)), and the number of components can be
+chosen per example by the penalized criterion (5.20).
+
+This module provides
+
+* :func:`weighted_em` -- batched EM for weighted data (no Python loop over examples or components);
+* :func:`select_components` -- criterion (5.20) over :math:`K\in\{K_{\min},\dots,K_{\max}\}` and
+  several initializations;
+* :class:`MultimodalContinuousAttention` -- the K-MCA / test-MCA heads of §6.3 as an ``nn.Module``.
+
+Weights need not sum to one: the mixing weights are :math:`\pi_k=N_k/\sum_l w_l` (eq. (5.14) is
+the special case :math:`\sum_lw_l=1`), and the weighted log-likelihood (5.16) is computed with the
+weights *as given*.  :func:`select_components` normalizes the weights to sum to one first, so that
+its penalty is on the scale of an average log-density (see its docstring).
+
+Gradients.  Every EM step is a composition of smooth tensor operations, so with a fixed number of
+iterations the fitted parameters are differentiable functions of the weights, and autograd
+back-propagates through the unrolled iterations (this is how the thesis trains K-MCA models end to
+end: the scores receive gradient only through the fitted :math:`(\pi,\mu,\Sigma)`).  The seeding of
+the initial means (``"kmeans++"``/``"random"``: discrete choices of locations) and the choice of
+:math:`K` are piecewise constant and contribute no gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from ._validation import as_float_tensor, check_finite, check_positive, check_shape_match
+from .continuous import GaussianRBF, continuous_softmax, ridge_value_function
+
+__all__ = [
+    "MultimodalContinuousAttention",
+    "MixtureSelection",
+    "WeightedEMResult",
+    "region_labels",
+    "select_components",
+    "weighted_em",
+    "weighted_log_likelihood",
+]
+
+_INITS = ("kmeans++", "random", "regions")
+
+
+class WeightedEMResult(NamedTuple):
+    """Result of :func:`weighted_em`.
+
+    Attributes:
+        means: ``(..., K, D)`` component means :math:`\\mu_k`.
+        covariances: ``(..., K, D, D)`` component covariances :math:`\\Sigma_k` (SPD).
+        mixing: ``(..., K)`` mixing weights :math:`\\pi_k` (sum to one).
+        log_likelihood: ``(...)`` weighted log-likelihood (5.16) of the returned parameters.
+        history: ``(n_iter, ...)``; ``history[i]`` is (5.16) after iteration ``i + 1``.
+        n_iter: number of iterations run (a Python int).
+    """
+
+    means: torch.Tensor
+    covariances: torch.Tensor
+    mixing: torch.Tensor
+    log_likelihood: torch.Tensor
+    history: torch.Tensor
+    n_iter: int
+
+
+class MixtureSelection(NamedTuple):
+    """Result of :func:`select_components`.
+
+    Attributes:
+        n_components: ``(...)`` int64 chosen :math:`K^\\star` per example.
+        means: ``(..., K_max, D)``; components ``k >= K*`` are padding (copies of component 0).
+        covariances: ``(..., K_max, D, D)``; padding as for ``means``.
+        mixing: ``(..., K_max)``; exactly zero on the padding components.
+        log_likelihood: ``(...)`` weighted log-likelihood (normalized weights) of the chosen fit.
+        criterion: ``(..., K_max - K_min + 1)`` the value of (5.20) for each candidate ``K``
+            (best initialization).
+    """
+
+    n_components: torch.Tensor
+    means: torch.Tensor
+    covariances: torch.Tensor
+    mixing: torch.Tensor
+    log_likelihood: torch.Tensor
+    criterion: torch.Tensor
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _check_int(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return value
+
+
+def _sym(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (x + x.transpose(-1, -2))
+
+
+def _gaussian_log_prob(points: torch.Tensor, means: torch.Tensor, covariances: torch.Tensor) -> torch.Tensor:
+    """``(..., N, K)`` values of :math:`\\log\\mathcal N(t_n;\\mu_k,\\Sigma_k)`.
+
+    ``points`` ``(..., N, D)``, ``means`` ``(..., K, D)``, ``covariances`` ``(..., K, D, D)``.
+    ``cholesky_ex`` is used (no host synchronization); the covariances are SPD by construction.
+    """
+    d = points.shape[-1]
+    chol, _ = torch.linalg.cholesky_ex(covariances)  # (..., K, D, D)
+    diff = points.unsqueeze(-3) - means.unsqueeze(-2)  # (..., K, N, D)
+    z = torch.linalg.solve_triangular(chol, diff.transpose(-1, -2), upper=False)  # (..., K, D, N)
+    maha = (z * z).sum(-2)  # (..., K, N)
+    half_logdet = torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)  # (..., K)
+    logp = -0.5 * maha - half_logdet.unsqueeze(-1) - 0.5 * d * math.log(2.0 * math.pi)
+    return logp.transpose(-1, -2)
+
+
+def _m_step(points, weights, resp, cov_floor):
+    """Weighted M-step (5.12)--(5.15); ``resp`` is ``(..., N, K)``.  Returns means, covs, mixing, N_k."""
+    d = points.shape[-1]
+    rw = weights.unsqueeze(-1) * resp  # (..., N, K)
+    total = weights.sum(-1, keepdim=True)  # (..., 1)
+    # a tiny mass on every component (as sklearn's 10 * eps) keeps empty components finite
+    tiny = 10.0 * torch.finfo(points.dtype).eps * total
+    nk = rw.sum(-2) + tiny  # (..., K)
+    means = torch.einsum("...nk,...nd->...kd", rw, points) / nk.unsqueeze(-1)
+    diff = points.unsqueeze(-3) - means.unsqueeze(-2)  # (..., K, N, D)
+    covs = (diff * rw.transpose(-1, -2).unsqueeze(-1)).transpose(-1, -2) @ diff / nk[..., None, None]
+    eye = torch.eye(d, dtype=points.dtype, device=points.device)
+    covs = _sym(covs) + cov_floor * eye
+    mixing = nk / nk.sum(-1, keepdim=True)
+    return means, covs, mixing, nk - tiny
+
+
+def _e_step(points, weights, means, covs, mixing):
+    """Responsibilities (5.7) ``(..., N, K)`` and the weighted log-likelihood (5.16) ``(...)``."""
+    log_joint = _gaussian_log_prob(points, means, covs) + torch.log(mixing).unsqueeze(-2)
+    # one exp for both the normalizer and the responsibilities (a stable logsumexp)
+    shift = log_joint.amax(-1, keepdim=True).detach()
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    e = torch.exp(log_joint - shift)
+    total = e.sum(-1, keepdim=True)
+    resp = e / total
+    log_norm = (torch.log(total) + shift).squeeze(-1)  # (..., N)
+    # zero-weight points contribute nothing (and may have log_norm = -inf far in the tails)
+    ll = torch.where(weights > 0, weights * log_norm, torch.zeros_like(log_norm)).sum(-1)
+    return resp, ll
+
+
+def _gumbel(shape, like, generator):
+    u = torch.rand(shape, dtype=like.dtype, device=like.device, generator=generator)
+    tiny = torch.finfo(like.dtype).tiny
+    return -torch.log(-torch.log(u.clamp_min(tiny)).clamp_min(tiny))
+
+
+def _seed_kmeanspp(points, weights, k, generator):
+    """Weighted k-means++ seeding: first center with probability :math:`\\propto w_l`, then
+    :math:`\\propto w_l\\,\\min_j\\|t_l-c_j\\|^2`.  Sequential over the ``k`` seeds (an
+    initialization, not a hot path); batched over examples by the Gumbel-max trick."""
+    logw = torch.log(weights)
+    idx = (logw + _gumbel(weights.shape, weights, generator)).argmax(-1)  # (...)
+    gather = lambda i: torch.gather(points, -2, i[..., None, None].expand(*i.shape, 1, points.shape[-1])).squeeze(-2)
+    centers = [gather(idx)]
+    d2 = ((points - centers[0].unsqueeze(-2)) ** 2).sum(-1)
+    for _ in range(1, k):
+        logits = logw + torch.log(d2)
+        idx = (logits + _gumbel(weights.shape, weights, generator)).argmax(-1)
+        centers.append(gather(idx))
+        d2 = torch.minimum(d2, ((points - centers[-1].unsqueeze(-2)) ** 2).sum(-1))
+    return torch.stack(centers, dim=-2)
+
+
+def _seed_random(points, weights, k, generator):
+    """``k`` distinct locations drawn without replacement with probability :math:`\\propto w_l`
+    (Gumbel-top-k)."""
+    keys = torch.log(weights) + _gumbel(weights.shape, weights, generator)
+    idx = keys.topk(k, dim=-1).indices  # (..., k)
+    return torch.gather(points, -2, idx.unsqueeze(-1).expand(*idx.shape, points.shape[-1]))
+
+
+def region_labels(points: torch.Tensor, n_components: int) -> torch.Tensor:
+    r"""The thesis's deterministic initialization regions (§6.3): one-hot ``(..., N, K)`` labels.
+
+    ``K = 4`` with ``D >= 2``: the quadrants cut at the midpoints of the bounding box of the first
+    two coordinates; otherwise ``K`` equal strips of the bounding box along coordinate 0 (``K = 2``
+    gives the upper and lower halves of an image whose locations are ``grid_locations`` in ``'ij'``
+    order).
+
+    Args:
+        points: ``(..., N, D)`` locations.
+        n_components: ``K``.
+
+    Returns:
+        ``(..., N, K)`` one-hot labels in the dtype of ``points``.
+    """
+    k = _check_int(n_components, "n_components")
+    lo = points.amin(-2, keepdim=True)
+    hi = points.amax(-2, keepdim=True)
+    rel = (points - lo) / (hi - lo).clamp_min(torch.finfo(points.dtype).tiny)  # in [0, 1]
+    if k == 4 and points.shape[-1] >= 2:
+        a = (rel[..., 0] >= 0.5).long()
+        b = (rel[..., 1] >= 0.5).long()
+        lab = 2 * a + b
+    else:
+        lab = (rel[..., 0] * k).floor().long().clamp(0, k - 1)
+    return nn.functional.one_hot(lab, k).to(points.dtype)
+
+
+def _init_from_resp(points, weights, resp, cov_floor):
+    """Moment-match each group of a hard assignment (the thesis's region initialization): means,
+    covariances and mixing (mass of each group).  Groups that are empty or whose covariance is
+    singular (e.g. a single weighted location) get the global moments."""
+    m, c, _, nk = _m_step(points, weights, resp, cov_floor)
+    ones = torch.ones_like(resp[..., :1])
+    gm, gc, _, _ = _m_step(points, weights, ones, cov_floor)  # (..., 1, D), (..., 1, D, D)
+    empty = nk <= 0
+    m = torch.where(empty.unsqueeze(-1), gm, m)
+    _, info = torch.linalg.cholesky_ex(c)
+    c = torch.where(((info > 0) | empty)[..., None, None], gc, c)
+    pi = nk.clamp_min(0) + 10.0 * torch.finfo(points.dtype).eps * weights.sum(-1, keepdim=True)
+    pi = pi / pi.sum(-1, keepdim=True)
+    return m, c, pi
+
+
+def _init_from_means(points, weights, means, cov_floor, n_lloyd=10):
+    """From seed means: a few weighted Lloyd (k-means) steps, then moment matching within each
+    cluster (as scikit-learn initializes from k-means) with *uniform* mixing weights.
+
+    Uniform rather than mass-proportional mixing keeps a seed that landed where the attention
+    weights are negligible from starting (and staying) dead: its cluster's weighted moments sit at
+    the edge nearest the mass, and with :math:`\\pi_k=1/K` it competes for it in the first E-step."""
+    k = means.shape[-2]
+    for _ in range(n_lloyd):
+        d2 = ((points.unsqueeze(-2) - means.unsqueeze(-3)) ** 2).sum(-1)  # (..., N, K)
+        resp = nn.functional.one_hot(d2.argmin(-1), k).to(points.dtype)
+        rw = weights.unsqueeze(-1) * resp
+        mass = rw.sum(-2)  # (..., K)
+        new = torch.einsum("...nk,...nd->...kd", rw, points) / mass.clamp_min(torch.finfo(points.dtype).tiny).unsqueeze(-1)
+        means = torch.where((mass > 0).unsqueeze(-1), new, means)
+    d2 = ((points.unsqueeze(-2) - means.unsqueeze(-3)) ** 2).sum(-1)
+    resp = nn.functional.one_hot(d2.argmin(-1), k).to(points.dtype)
+    m, c, _ = _init_from_resp(points, weights, resp, cov_floor)
+    mixing = torch.full(m.shape[:-1], 1.0 / k, dtype=points.dtype, device=points.device)
+    return m, c, mixing
+
+
+def weighted_log_likelihood(points, weights, means, covariances, mixing) -> torch.Tensor:
+    r"""The weighted log-likelihood (5.16) :math:`\sum_l w_l\log\sum_k\pi_k\mathcal N(t_l;\mu_k,\Sigma_k)`.
+
+    Args:
+        points: ``(N, D)`` or ``(..., N, D)`` locations.
+        weights: ``(..., N)`` non-negative weights (used as given).
+        means, covariances, mixing: ``(..., K, D)``, ``(..., K, D, D)``, ``(..., K)``.
+
+    Returns:
+        ``(...)`` tensor.
+    """
+    points = as_float_tensor(points, "points", min_ndim=2)
+    weights = as_float_tensor(weights, "weights", min_ndim=1, like=points)
+    return _e_step(points, weights, means, _sym(covariances), mixing)[1]
+
+
+# --------------------------------------------------------------------------------------------
+# weighted EM
+# --------------------------------------------------------------------------------------------
+
+
+def _prepare_data(points, weights):
+    points = as_float_tensor(points, "points", min_ndim=2)
+    weights = as_float_tensor(weights, "weights", min_ndim=1, like=points)
+    if points.dtype != weights.dtype:
+        raise TypeError(f"points and weights must have the same dtype; got {points.dtype} and {weights.dtype}")
+    if points.device != weights.device:
+        raise ValueError(f"points and weights must be on the same device; got {points.device} and {weights.device}")
+    check_finite(points, "points")
+    check_finite(weights, "weights")
+    check_shape_match(weights, "weights", points, "points", [(-1, -2)])
+    if points.shape[-2] < 1 or points.shape[-1] < 1:
+        raise ValueError(f"points must have shape (..., N, D) with N, D >= 1; got {tuple(points.shape)}")
+    if (weights < 0).any():
+        raise ValueError("weights must be non-negative; found entries < 0")
+    if (weights.sum(-1) <= 0).any():
+        raise ValueError("weights must have a positive sum over the N points of every example")
+    try:
+        batch = torch.broadcast_shapes(points.shape[:-2], weights.shape[:-1])
+    except RuntimeError as err:
+        raise ValueError(
+            f"leading shapes of points {tuple(points.shape)} and weights {tuple(weights.shape)} do not broadcast"
+        ) from err
+    n, d = points.shape[-2:]
+    return points.expand(*batch, n, d), weights.expand(*batch, n), batch
+
+
+def _initialize(points, weights, k, init, cov_floor, generator):
+    n, d = points.shape[-2:]
+    batch = points.shape[:-2]
+    if isinstance(init, str):
+        if init not in _INITS:
+            raise ValueError(f"init must be one of {_INITS}, a tensor of means or a dict; got {init!r}")
+        if init == "regions":
+            return _init_from_resp(points, weights, region_labels(points, k), cov_floor)
+        seed = _seed_kmeanspp if init == "kmeans++" else _seed_random
+        return _init_from_means(points, weights, seed(points, weights, k, generator), cov_floor)
+    if isinstance(init, dict):
+        unknown = set(init) - {"means", "covariances", "mixing"}
+        if unknown or "means" not in init:
+            raise ValueError(f"init dict must have key 'means' and optionally 'covariances', 'mixing'; got keys {sorted(init)}")
+        means = init["means"]
+        covs = init.get("covariances")
+        mixing = init.get("mixing")
+    elif isinstance(init, torch.Tensor):
+        means, covs, mixing = init, None, None
+    else:
+        raise TypeError(f"init must be a str, a tensor of means or a dict; got {type(init).__name__}")
+    means = as_float_tensor(means, "init['means']", min_ndim=2, like=points).to(points)
+    if means.shape[-2:] != (k, d):
+        raise ValueError(f"initial means must have shape (..., K, D)=(..., {k}, {d}); got {tuple(means.shape)}")
+    try:
+        means = means.expand(*batch, k, d)
+    except RuntimeError as err:
+        raise ValueError(f"initial means of shape {tuple(means.shape)} do not broadcast to the batch {tuple(batch)}") from err
+    _, c0, pi0 = _init_from_means(points, weights, means, cov_floor, n_lloyd=0)
+    m0 = means
+    if covs is not None:
+        covs = as_float_tensor(covs, "init['covariances']", min_ndim=2, like=points).to(points)
+        if covs.shape[-3:] != (k, d, d):
+            raise ValueError(f"initial covariances must have shape (..., {k}, {d}, {d}); got {tuple(covs.shape)}")
+        _, info = torch.linalg.cholesky_ex(_sym(covs))
+        if (info > 0).any():
+            raise ValueError("initial covariances must be symmetric positive definite")
+        c0 = _sym(covs).expand(*batch, k, d, d)
+    if mixing is not None:
+        mixing = as_float_tensor(mixing, "init['mixing']", min_ndim=1, like=points).to(points)
+        if mixing.shape[-1] != k or (mixing <= 0).any():
+            raise ValueError(f"initial mixing must have shape (..., {k}) with positive entries")
+        pi0 = (mixing / mixing.sum(-1, keepdim=True)).expand(*batch, k)
+    return m0, c0, pi0
+
+
+def weighted_em(
+    points,
+    weights,
+    n_components: int,
+    n_iter: int = 100,
+    init="kmeans++",
+    tol: float | None = 1e-6,
+    cov_floor: float = 1e-6,
+    generator: torch.Generator | None = None,
+) -> WeightedEMResult:
+    r"""Fit a Gaussian mixture to weighted points by EM (eqs. (5.12)--(5.16) of the thesis).
+
+    Maximizes the weighted log-likelihood (5.16)
+
+    .. math::
+
+        \ell_w(\Theta) = \sum_{l=1}^L w_l \log\sum_{k=1}^K \pi_k\,\mathcal N(t_l;\mu_k,\Sigma_k)
+
+    by alternating the E-step :math:`\gamma_{lk}\propto\pi_k\mathcal N(t_l;\mu_k,\Sigma_k)` (5.7) and
+    the weighted M-step
+
+    .. math::
+
+        N_k=\sum_l w_l\gamma_{lk},\quad
+        \mu_k=\frac{1}{N_k}\sum_l w_l\gamma_{lk}t_l,\quad
+        \Sigma_k=\frac{1}{N_k}\sum_l w_l\gamma_{lk}(t_l-\mu_k)(t_l-\mu_k)^\top+\varepsilon I,\quad
+        \pi_k=\frac{N_k}{\sum_l w_l}
+
+    (5.12)--(5.15; :math:`\pi_k=N_k` in (5.14) assumes :math:`\sum_lw_l=1`).  The floor
+    :math:`\varepsilon I` (``cov_floor``, as ``reg_covar`` of scikit-learn) keeps the covariances
+    positive definite: on a grid a component can otherwise collapse onto one location.  With
+    ``cov_floor = 0`` every iteration provably does not decrease :math:`\ell_w`.
+
+    Batched over examples and components (no Python loop over them); the loop over iterations
+    performs at most one host synchronization per iteration (the convergence test), none when
+    ``tol is None``.  Differentiable: autograd goes through the unrolled iterations.
+
+    Args:
+        points: ``(N, D)`` locations shared by all examples, or ``(..., N, D)``.
+        weights: ``(..., N)`` non-negative weights (e.g. discrete attention probabilities), used as
+            given (not normalized) in :math:`\ell_w`.
+        n_components: ``K >= 1``.
+        n_iter: maximum number of iterations (EM steps).
+        init: ``"kmeans++"`` (weighted k-means++ seeds), ``"random"`` (``K`` distinct locations
+            drawn :math:`\propto w` without replacement), ``"regions"`` (the thesis's
+            halves/quadrants, moment-matched within each region, :math:`\pi_k` = mass of the region,
+            see :func:`region_labels`), a tensor ``(..., K, D)`` of initial means, or a dict with
+            ``"means"`` and optionally ``"covariances"`` and ``"mixing"``.  Seeds and given means
+            (not given means) are refined by 10 weighted k-means (Lloyd) steps; the missing
+            covariances are moment-matched within the cluster of each mean (nearest-mean
+            assignment) and the missing mixing weights are uniform.  Given parameters are used
+            exactly as given.
+        tol: stop when every example's improvement of :math:`\ell_w` is below ``tol``; ``None``
+            runs exactly ``n_iter`` iterations with no host synchronization.
+        cov_floor: :math:`\varepsilon\ge0` added to the diagonal of every covariance.
+        generator: ``torch.Generator`` for the random initializations.
+
+    Returns:
+        :class:`WeightedEMResult` ``(means, covariances, mixing, log_likelihood, history, n_iter)``.
+
+    Raises:
+        ValueError: on negative weights, an all-zero example, mismatched shapes, ``K > N`` or
+            a bad ``init``.
+        TypeError: on non-integer ``n_components``/``n_iter`` or non-float tensors.
+    """
+    k = _check_int(n_components, "n_components")
+    n_iter = _check_int(n_iter, "n_iter")
+    cov_floor = check_positive(cov_floor, "cov_floor", allow_zero=True)
+    if tol is not None:
+        tol = float(tol)
+    points, weights, batch = _prepare_data(points, weights)
+    if k > points.shape[-2]:
+        raise ValueError(f"n_components={k} exceeds the number of points N={points.shape[-2]}")
+    means, covs, mixing = _initialize(points, weights, k, init, cov_floor, generator)
+    resp, ll = _e_step(points, weights, means, covs, mixing)
+    history = []
+    it = 0
+    for it in range(1, n_iter + 1):
+        means, covs, mixing, _ = _m_step(points, weights, resp, cov_floor)
+        resp, ll_new = _e_step(points, weights, means, covs, mixing)
+        history.append(ll_new)
+        if tol is not None and bool(((ll_new - ll) < tol).all()):
+            ll = ll_new
+            break
+        ll = ll_new
+    return WeightedEMResult(means, covs, mixing, ll, torch.stack(history), it)
+
+
+# --------------------------------------------------------------------------------------------
+# model selection, eq. (5.20)
+# --------------------------------------------------------------------------------------------
+
+
+def select_components(
+    points,
+    weights,
+    max_components: int = 5,
+    penalty: float = 0.1,
+    n_init: int = 3,
+    n_iter: int = 100,
+    *,
+    min_components: int = 1,
+    init: str = "kmeans++",
+    tol: float | None = None,
+    cov_floor: float = 1e-6,
+    generator: torch.Generator | None = None,
+) -> MixtureSelection:
+    r"""Choose the number of components per example by the penalized criterion (5.20).
+
+    For every :math:`K\in\{K_{\min},\dots,K_{\max}\}`, :func:`weighted_em` is run from ``n_init``
+    initializations (one for :math:`K=1`, whose fit does not depend on it) — batched over the
+    initializations and the examples — the fit with the highest :math:`\ell_w` is kept, and
+
+    .. math::
+
+        K^\star=\arg\min_K\ \mathcal C(\hat\Theta_K,K),\qquad
+        \mathcal C(\hat\Theta_K,K)=-2\,\ell_w(\hat\Theta_K)+\lambda K
+
+    (eqs. (5.17), (5.19)--(5.20); ties go to the smaller :math:`K`).
+
+    Normalization and scale of the penalty.  The weights are first divided by their sum, so
+    :math:`\ell_w` is the *average* log-density of the mixture under the discrete attention
+    distribution, independent of the number of locations.  Adding a component is therefore worth
+    it only if it raises that average log-density by more than :math:`\lambda/2` nats.  The default
+    ``penalty=0.1`` (0.05 nats) separates one blob from two well-separated blobs on a 14x14 grid of
+    the unit square; tune it by validation as the thesis does.  A penalty :math:`c\,p_K` proportional
+    to the number of free parameters :math:`p_K=K(D+D(D+1)/2+1)-1` is the same rule with
+    :math:`\lambda=c\,(D+D(D+1)/2+1)`.  (The thesis's values, e.g. :math:`\lambda=500`, refer to a
+    log-likelihood on a different, unnormalized scale and do not transfer to this one.)
+
+    Args:
+        points: ``(N, D)`` or ``(..., N, D)`` locations.
+        weights: ``(..., N)`` non-negative weights (normalized here).
+        max_components: :math:`K_{\max}`.
+        penalty: :math:`\lambda\ge0`, per component, in units of :math:`-2\ell_w` (see above).
+        n_init: initializations per :math:`K>1` (3 in the thesis).
+        n_iter: EM iterations per fit.
+        min_components: :math:`K_{\min}` (1 in the thesis).
+        init: ``"kmeans++"`` (random weighted k-means++ seeds; default) or ``"random"``
+            (seeds drawn :math:`\propto w`); both are random initializations in the thesis's sense.
+        tol, cov_floor, generator: as in :func:`weighted_em`.
+
+    Returns:
+        :class:`MixtureSelection`; the mixture of example ``i`` is its first ``n_components[i]``
+        components, and the others have mixing weight exactly zero, so the padded parameters can be
+        used directly in :math:`\sum_k\pi_k r_k`.
+
+    Raises:
+        ValueError: as :func:`weighted_em`, or if ``min_components > max_components``.
+    """
+    k_max = _check_int(max_components, "max_components")
+    k_min = _check_int(min_components, "min_components")
+    if k_min > k_max:
+        raise ValueError(f"min_components={k_min} must be <= max_components={k_max}")
+    n_init = _check_int(n_init, "n_init")
+    penalty = check_positive(penalty, "penalty", allow_zero=True)
+    if init not in ("random", "kmeans++"):
+        raise ValueError(f"init must be 'random' or 'kmeans++' for select_components; got {init!r}")
+    points, weights, batch = _prepare_data(points, weights)
+    if k_max > points.shape[-2]:
+        raise ValueError(f"max_components={k_max} exceeds the number of points N={points.shape[-2]}")
+    weights = weights / weights.sum(-1, keepdim=True)
+    n, d = points.shape[-2:]
+    means_all, covs_all, mix_all, ll_all = [], [], [], []
+    for k in range(k_min, k_max + 1):  # candidate models have different shapes: a handful of K
+        reps = 1 if k == 1 else n_init
+        p = points.unsqueeze(0).expand(reps, *points.shape)
+        w = weights.unsqueeze(0).expand(reps, *weights.shape)
+        fit = weighted_em(p, w, k, n_iter=n_iter, init=init, tol=tol, cov_floor=cov_floor, generator=generator)
+        best = fit.log_likelihood.argmax(0)  # (...)
+        pick = lambda x: torch.gather(x, 0, best.view(1, *best.shape, *([1] * (x.ndim - 1 - best.ndim))).expand(1, *x.shape[1:])).squeeze(0)
+        m, c, pi, ll = pick(fit.means), pick(fit.covariances), pick(fit.mixing), pick(fit.log_likelihood)
+        pad = k_max - k
+        if pad:
+            m = torch.cat([m, m[..., :1, :].expand(*batch, pad, d)], dim=-2)
+            c = torch.cat([c, c[..., :1, :, :].expand(*batch, pad, d, d)], dim=-3)
+            pi = torch.cat([pi, torch.zeros_like(pi[..., :1]).expand(*batch, pad)], dim=-1)
+        means_all.append(m)
+        covs_all.append(c)
+        mix_all.append(pi)
+        ll_all.append(ll)
+    ll = torch.stack(ll_all, dim=-1)  # (..., nK)
+    ks = torch.arange(k_min, k_max + 1, device=points.device)
+    crit = -2.0 * ll + penalty * ks.to(ll.dtype)
+    choice = crit.argmin(-1)  # first minimum: ties go to the smaller K
+    take = lambda xs, extra: torch.gather(
+        torch.stack(xs, dim=len(batch)), len(batch), choice.view(*batch, 1, *([1] * extra)).expand(*batch, 1, *xs[0].shape[len(batch):])
+    ).squeeze(len(batch))
+    return MixtureSelection(
+        n_components=ks[choice],
+        means=take(means_all, 2),
+        covariances=take(covs_all, 3),
+        mixing=take(mix_all, 1),
+        log_likelihood=torch.gather(ll, -1, choice.unsqueeze(-1)).squeeze(-1),
+        criterion=crit,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the module
+# --------------------------------------------------------------------------------------------
+
+
+class MultimodalContinuousAttention(nn.Module):
+    r"""Multimodal continuous softmax attention (chapter 5 and §6.3 of the thesis).
+
+    Given discrete scores :math:`s\in\mathbb R^L` over locations :math:`t_l` and value features
+    :math:`h_l\in\mathbb R^d`:
+
+    1. :math:`w=\operatorname{softmax}(s)`;
+    2. a Gaussian mixture :math:`(\pi_k,\mu_k,\Sigma_k)_{k\le K}` is fitted to :math:`(t_l,w_l)` by
+       :func:`weighted_em` with a fixed number of iterations (K-MCA, ``n_components=K``; initial
+       regions as in the thesis by default), or :math:`K` is chosen per example by
+       :func:`select_components` (test-MCA, ``n_components="auto"``);
+    3. :math:`r_k=\mathbb E_{\mathcal N(\mu_k,\Sigma_k)}[\psi(t)]` by
+       :func:`~attnopt.continuous.continuous_softmax`, :math:`r=\sum_k\pi_kr_k` (eq. (5.4));
+    4. :math:`B` by :func:`~attnopt.continuous.ridge_value_function` (one :math:`B` shared by all
+       components) and the context :math:`c=Br=\sum_k\pi_kBr_k` (eq. (5.5)).
+
+    Gradients: with ``differentiate_em=True`` (default) autograd goes through the unrolled EM
+    iterations to the scores, as in the thesis's end-to-end K-MCA training; with ``False`` the
+    mixture is fitted on detached weights and treated as given (the scores then receive no
+    gradient, only the values do) — cheaper, for inference.
+
+    Args:
+        basis: the :class:`~attnopt.continuous.GaussianRBF` :math:`\psi`.
+        locations: ``(L, D)`` locations of the scores/features.
+        n_components: ``K >= 1`` or ``"auto"``.
+        max_components, selection_penalty, n_init: for ``"auto"`` (see :func:`select_components`).
+        n_iter: EM iterations (fixed, as in the thesis).
+        init: ``"regions"`` (thesis's halves/quadrants, deterministic), ``"kmeans++"`` or
+            ``"random"`` for fixed ``K``.
+        cov_floor: covariance floor :math:`\varepsilon`; keep it > 0 for ``K > 1`` (a component
+            collapsing onto one location would give continuous softmax a singular covariance).
+        penalty: ridge penalty of the value function (0.01 in the thesis).
+        padding: optional ``(P, D)`` padding locations for the ridge regression.
+        differentiate_em: see above.
+    """
+
+    def __init__(
+        self,
+        basis: GaussianRBF,
+        locations: torch.Tensor,
+        n_components: int | str = 2,
+        *,
+        max_components: int = 5,
+        selection_penalty: float = 0.1,
+        n_init: int = 3,
+        n_iter: int = 10,
+        init: str = "regions",
+        cov_floor: float = 1e-6,
+        penalty: float = 0.01,
+        padding: torch.Tensor | None = None,
+        differentiate_em: bool = True,
+    ):
+        super().__init__()
+        if not isinstance(basis, GaussianRBF):
+            raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
+        if n_components == "auto":
+            self.n_components = "auto"
+            self.max_components = _check_int(max_components, "max_components")
+        else:
+            self.n_components = _check_int(n_components, "n_components")
+            self.max_components = self.n_components
+        if init not in _INITS:
+            raise ValueError(f"init must be one of {_INITS}; got {init!r}")
+        self.init = init
+        self.selection_penalty = check_positive(selection_penalty, "selection_penalty", allow_zero=True)
+        self.n_init = _check_int(n_init, "n_init")
+        self.n_iter = _check_int(n_iter, "n_iter")
+        self.cov_floor = check_positive(cov_floor, "cov_floor", allow_zero=True)
+        self.penalty = check_positive(penalty, "penalty", allow_zero=True)
+        self.differentiate_em = bool(differentiate_em)
+        self.basis = basis
+        locations = as_float_tensor(locations, "locations", min_ndim=2)
+        if locations.ndim != 2 or locations.shape[1] != basis.dim:
+            raise ValueError(f"locations must have shape (L, D={basis.dim}); got {tuple(locations.shape)}")
+        if self.max_components > locations.shape[0]:
+            raise ValueError(f"n_components/max_components={self.max_components} exceeds the number of locations {locations.shape[0]}")
+        self.register_buffer("locations", locations.to(dtype=basis.centers.dtype, device=basis.centers.device))
+        self.register_buffer("padding", None if padding is None else as_float_tensor(padding, "padding", min_ndim=2).to(self.locations))
+
+    def fit_mixture(self, weights: torch.Tensor):
+        """``(mixing, means, covariances)`` of the mixture fitted to ``(..., L)`` weights."""
+        locations = self.locations.to(weights)
+        if self.n_components == "auto":
+            sel = select_components(
+                locations, weights, self.max_components, self.selection_penalty, self.n_init, self.n_iter,
+                cov_floor=self.cov_floor, tol=None,
+            )
+            return sel.mixing, sel.means, sel.covariances
+        fit = weighted_em(locations, weights, self.n_components, self.n_iter, init=self.init, tol=None, cov_floor=self.cov_floor)
+        return fit.mixing, fit.means, fit.covariances
+
+    def forward(self, scores: torch.Tensor, values: torch.Tensor, *, return_mixture: bool = False):
+        """Context vectors ``(..., d)``; with ``return_mixture=True`` also ``(mixing, means, covariances)``."""
+        scores = as_float_tensor(scores, "scores", min_ndim=1)
+        values = as_float_tensor(values, "values", min_ndim=2)
+        check_shape_match(scores, "scores", self.locations, "locations", [(-1, 0)])
+        check_shape_match(values, "values", self.locations, "locations", [(-2, 0)])
+        w = torch.softmax(scores, dim=-1)
+        if self.differentiate_em:
+            mixing, means, covs = self.fit_mixture(w)
+        else:
+            with torch.no_grad():
+                mixing, means, covs = self.fit_mixture(w.detach())
+        r_k = continuous_softmax(means, covs, self.basis)  # (..., K, N)
+        r = torch.einsum("...k,...kn->...n", mixing, r_k)  # eq. (5.4)
+        B = ridge_value_function(values, self.locations, self.basis, self.penalty, padding=self.padding)
+        context = (B @ r.to(values.dtype).unsqueeze(-1)).squeeze(-1)  # eq. (5.5)
+        return (context, (mixing, means, covs)) if return_mixture else context
+
+    def extra_repr(self) -> str:
+        return f"n_components={self.n_components!r}, n_iter={self.n_iter}, init={self.init!r}, n_locations={self.locations.shape[0]}"

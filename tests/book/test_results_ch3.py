@@ -1,0 +1,142 @@
+"""Claims of the chapter 3 notebooks (one-sided and two-sided entropic transport), checked on the
+numbers each notebook recorded.  Each assert quotes the sentence of the rendered page it checks."""
+
+import math
+
+
+def test_ch3_sdpa_is_eot(results):
+    r = results("ch3_sdpa_is_eot")
+    assert r["scale"] == "book"
+    # "The generic solver and PyTorch agree to a few units of 1e-16 at every temperature"
+    assert r["sdpa_eot_max_error"] < 1e-13
+    assert len(r["sdpa_eot_error_by_tau"]) >= 5 and max(r["sdpa_eot_error_by_tau"].values()) < 1e-13
+    assert r["library_softmax_max_error"] < 1e-15
+    # "for any other allocation p the excess objective is exactly tau KL(p || p*)"
+    assert r["gibbs_identity_error"] < 1e-12 and r["gibbs_min_excess"] > 0
+    # "The entropy increases at every one of the 199 steps of the grid; it is close to 0 at the
+    #  coldest temperature and within a few thousandths of log m at the hottest."
+    assert r["entropy_monotone"] is True
+    assert r["entropy_cold"] < 1e-2 and 0 <= r["entropy_hot_gap"] < 5e-3
+    # "Every closed form agrees with the generic solver to better than 1e-12, with one ... exception"
+    errors = r["closed_vs_eot"]
+    assert all(v < 1e-12 for k, v in errors.items() if k != "entmax a=3.0"), errors
+    # "the measured error is far above round-off (above 1e-10) but below sqrt(1e-6) = 1e-3.
+    #  Asking for 60 steps (n_iter=60) brings it back to round-off."
+    assert 1e-10 < errors["entmax a=3.0"] < 1e-3
+    assert errors["entmax a=3.0, n_iter=60"] < 1e-12
+    # "The identities between the members of the family ... hold to round-off too."
+    assert all(v < 1e-12 for v in r["cross_checks"].values())
+    # "softmax (blue) is the only transform that gives every key a positive weight"; "The Tsallis
+    #  family (orange) zeroes out more keys as alpha grows"; the prior softmax never zeroes a key
+    sup = r["support_one_vector"]
+    assert sup["softmax"] == 8 and sup["prior softmax"] == 8
+    tsallis = [sup["entmax a=1.25"], sup["1.5-entmax"], sup["sparsemax"], sup["entmax a=3.0, n_iter=60"]]
+    assert all(x < 8 for x in tsallis) and all(x >= y for x, y in zip(tsallis, tsallis[1:])) and tsallis[0] > tsallis[-1]
+    # "Softmax maps the whole grid into the open interior of the triangle"; "the share of the grid
+    #  that lands on the boundary grows with alpha"
+    frac = r["simplex_boundary_fraction"]
+    assert frac["softmax"] == 0.0 and r["simplex_vertex_fraction"]["softmax"] == 0.0
+    assert frac["1.5-entmax"] < frac["sparsemax"] < frac[r"$\alpha$-entmax, $\alpha=3$"]
+    # "On all 400 temperatures the measured support equals the predicted staircase ... (no
+    #  mismatch), and it never decreases as tau grows."
+    assert set(r["support_mismatches"]) == {"1.25", "1.5", "2.0"}
+    assert all(v == 0 for v in r["support_mismatches"].values())
+    assert r["support_monotone"] is True and r["softmax_always_dense"] is True
+    # "Sparsemax is exactly one-hot for tau up to the gap ... and it keeps every key exactly when
+    #  tau > m (mean(s) - min s)"
+    assert r["sparsemax_one_hot_below_gap"] is True and r["sparsemax_dense_threshold_exact"] is True
+    # "All four computations agree to round-off, and future keys get weight exactly 0"
+    assert len(r["alibi_errors"]) == 4 and max(r["alibi_errors"].values()) < 1e-12
+    assert r["alibi_future_weight"] == 0.0
+    # "The mean look-back distance under the attention weights ... is shortest for the steepest head"
+    lookback = r["alibi_mean_lookback"]
+    assert lookback[0] == min(lookback)
+
+
+def test_ch3_backward_pass(results):
+    r = results("ch3_backward_pass")
+    assert r["scale"] == "book"
+    # "The four quantities agree to round-off (float64), and every row of the score gradient sums to zero"
+    assert len(r["advantage_errors"]) == 4 and max(r["advantage_errors"].values()) < 1e-13
+    assert r["score_gradient_row_sum"] < 1e-14
+    # "Both variances fall like 1/K (fitted log-log slopes within 0.1 of -1)"
+    assert all(abs(sl + 1) < 0.1 for sl in r["reinforce_slopes"].values())
+    # "at every K the measured variance agrees with the exact V(b)/K ... (at most 25%)"
+    assert r["reinforce_theory_max_deviation"] < 0.25
+    for name, var in r["reinforce_variance"].items():
+        exact = r["reinforce_exact_variance"][name]
+        assert all(abs(v * K / exact - 1) < 0.25 for v, K in zip(var, r["reinforce_Ks"]))
+    # "the baseline lowers the variance by the factor printed above — measured and exact ratios
+    #  agree within 10%"
+    assert r["reinforce_measured_ratio"] > 2
+    assert abs(r["reinforce_measured_ratio"] / r["reinforce_exact_ratio"] - 1) < 0.1
+    # "at no cost in bias (the mean of all single-sample estimates is within Monte Carlo error of g)"
+    n_total = r["reinforce_Ks"][-1] * r["reinforce_R"]
+    for name, bias in r["reinforce_bias"].items():
+        assert bias < 5 * math.sqrt(r["reinforce_exact_variance"][name] / n_total), name
+    # "the 'variance-reducing' baseline multiplies the variance by about 64, as the exact formulas
+    #  predict (both measured values within 5% of them)"
+    ce = r["counterexample"]
+    assert all(abs(v["measured"] / v["exact"] - 1) < 0.05 for v in ce.values())
+    assert 55 < r["counterexample_ratio"] < 73
+    # "The autograd Hessian, F(p)/tau, and the exact covariance of the one-hot vector agree to round-off"
+    assert max(r["hessian_errors"].values()) < 1e-14
+    # "the Monte-Carlo covariance agrees within a few of its own standard errors"
+    assert r["fisher_mc_error_in_se"] < 5
+    # "one zero eigenvalue ..., all others positive and at most 1/2, and trace 1 - |p|^2"
+    eig = sorted(r["fisher_eigenvalues"])
+    assert abs(eig[0]) < 1e-15 and eig[1] > 0 and eig[-1] <= 0.5
+    assert r["fisher_kernel_residual"] < 1e-15 and r["fisher_trace_error"] < 1e-14
+    # "From the saturated start the plain gradient ... at every step size tried, the gap has not
+    #  reached 1e-6 after the full run of 200 steps. The natural gradient ... reaches the optimum to
+    #  within 1e-6 at every step size, the faster the larger the step."
+    steps = r["natural_steps_to_1e6"]
+    etas = sorted({float(k.split("eta=")[1].split()[0]) for k in steps})
+    sat = [steps[f"natural eta={e} saturated"] for e in etas]
+    assert all(x is not None for x in sat) and all(x > y for x, y in zip(sat, sat[1:]))
+    assert all(steps[f"plain eta={e} saturated"] is None for e in etas)
+    # "From the uniform start the plain gradient does better, but the natural gradient still ends
+    #  with the smaller gap at every step size."
+    gap = r["natural_final_gap"]
+    assert all(gap[f"plain eta={e} uniform"] < gap[f"plain eta={e} saturated"] for e in etas)
+    assert all(gap[f"natural eta={e} {start}"] < gap[f"plain eta={e} {start}"]
+               for e in etas for start in ("uniform", "saturated"))
+    # "The natural step is a multiplicative-weights update ... (checked to round-off above)"
+    assert r["multiplicative_weights_error"] < 1e-14
+
+
+def test_ch3_two_sided(results):
+    r = results("ch3_two_sided")
+    assert r["scale"] == "book"
+    # "Rows sum to 1 to round-off at every epsilon ..., columns to within 1e-9 ..., and the library
+    #  and POT agree on the plan to within 1e-9."
+    assert r["row_error"] < 1e-13 and r["column_error"] < 1e-9
+    assert len(r["pot_error"]) >= 4 and r["pot_max_error"] < 1e-9
+    # "softmax lets some keys collect far more than their share of attention (column sums well above 1)"
+    assert r["softmax_column_spread"] > 0.5
+    # the half-step of eq. (ch3-sinkhorn-log) is softmax (checked to round-off)
+    assert r["half_step_error"] < 1e-14
+    # "once converged both orders give the same plan to within 1e-12"
+    assert r["own_vs_library"] < 1e-12
+    # "the number needed to reach 1e-6 grows strictly as epsilon decreases ..., from a handful at
+    #  epsilon = 1 to hundreds at epsilon = 0.1"
+    its = r["iterations_to_1e6"]
+    eps = sorted(its, key=float, reverse=True)
+    counts = [its[e] for e in eps]
+    assert all(c is not None for c in counts) and all(x < y for x, y in zip(counts, counts[1:]))
+    assert its["1.0"] < 20 and its["0.1"] >= 100
+    # "The measured asymptotic rate matches sigma_2^2 to within 0.1% at every epsilon"
+    assert r["rate_agreement"] < 1e-3
+    for e in eps:
+        assert abs(r["measured_rate"][e] / r["predicted_rate"][e] - 1) < 1e-3
+    # "Padding keys get weight exactly 0; each padded sequence gets the weights of its unpadded
+    #  version, with columns summing to n/m_valid; and masking by key_mask or by -inf scores is the same."
+    assert r["padding_max_weight"] == 0.0
+    assert r["padding_vs_truncated"] < 1e-12 and r["padding_column_error"] < 1e-10
+    assert r["padding_mask_vs_neg_inf"] < 1e-14
+    # "With few iterations the two gradients differ at the 1e-3 level or more ... and the gap shrinks
+    #  together with the marginal error ..., down to below 1e-10 at convergence, where the implicit
+    #  gradient also matches finite differences (to within 1e-7 ...)"
+    gaps = r["gradient_gap"]
+    assert gaps[0] > 1e-3 and r["implicit_vs_unrolled"] < 1e-10 and r["implicit_vs_finite_differences"] < 1e-7
+    assert gaps[-1] < gaps[0] * 1e-6

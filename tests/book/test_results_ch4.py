@@ -1,0 +1,76 @@
+"""Claims of the chapter 4 notebooks (continuous and multimodal attention), checked on the numbers
+each notebook recorded.  Each assert quotes the sentence of the rendered page it checks."""
+
+import math
+
+
+def test_ch4_continuous_1d(results):
+    r = results("ch4_continuous_1d")
+    assert r["scale"] == "book"
+    # "the support has half-width a = (3 sigma^2 / 2)^(1/3)"
+    for s2, a in r["support_half_widths"].items():
+        assert abs(a - (1.5 * float(s2)) ** (1 / 3)) < 1e-12
+    # "the library and quadrature agree to better than 1e-12 ... in the forward pass and in the Jacobian, for both families"
+    for key in ("softmax_forward_rel_error", "softmax_jacobian_rel_error",
+                "sparsemax_forward_rel_error", "sparsemax_jacobian_rel_error"):
+        assert r[key] < 1e-12, key
+    # gradcheck passes for both families
+    assert r["gradcheck_ok"] == {"gaussian": True, "truncated_paraboloid": True}
+    # "The grid round trip recovers sigma^2 to better than 1e-6"
+    assert r["inversion_grid_rel_error"] < 1e-6
+    # "From samples the error is within four Monte Carlo standard errors"
+    assert r["inversion_sample_rel_error"] < 4 * r["inversion_mc_std"]
+    assert math.isclose(r["inversion_mc_std"], 1.5 * math.sqrt(8 / 7 / r["n_samples"]))
+
+
+def test_ch4_continuous_2d(results):
+    r = results("ch4_continuous_2d")
+    assert r["scale"] == "book"
+    # "the mass is 1, the mean is mu and the covariance equals -lambda Sigma / 3 to better than 1e-9"
+    assert r["theorem1_max_rel_error"] < 1e-9
+    # "The error falls by more than a factor 3 between the smallest and the largest basis"
+    err = {int(k): v for k, v in r["recon_error"].items()}
+    assert err[max(err)] < err[min(err)] / 3
+    # "The library agrees with dblquad to better than 1e-8 (relative) in the forward pass of both
+    #  families and in all five gradient entries of continuous sparsemax"
+    assert max(r["dblquad_errors"].values()) < 1e-8
+    t = r["table41"]
+    # "2D-Num is the slowest method and 1D-Naive the fastest of the thesis's five"
+    assert max(t, key=lambda m: t[m]["seconds"]) == "2D-Num"
+    five = ["2D-Num", "2D-Num-Circle", "2D-Num-Polar", "1D-Num", "1D-Naive"]
+    assert min(five, key=lambda m: t[m]["seconds"]) == "1D-Naive"
+    # "The library, batched ..., is faster per integral than every SciPy method"
+    assert all(t["ours (batched)"]["seconds"] < t[m]["seconds"] for m in five[:4])
+    # "1D-Naive ... only accurate to a few percent in the worst of our cases (about 1e-2)";
+    # "2D-Num over a box is limited by the kink ... (an error near 1e-3 whatever the tolerance)"
+    assert 1e-4 < t["1D-Naive"]["max_rel_error"] < 1e-1
+    assert 1e-5 < t["2D-Num"]["max_rel_error"] < 1e-2
+    # "The periodic rule with distinct nodes used by the library is accurate to 1e-11"
+    assert t["ours (one per call)"]["max_rel_error"] < 1e-11 and t["ours (batched)"]["max_rel_error"] < 1e-11
+    assert r["reference_check"] < 1e-12
+    # geometric convergence: a straight line on semilog axes; the library reproduces T_n
+    assert r["trapezoid_rate"] > 0.1 and r["library_vs_periodic_rule"] < 1e-13
+    # "the rule with a doubled endpoint has log-log slope -1 (within 0.05) and its error matches
+    #  the prediction of (ch4-doubled-node) to 2%"
+    assert abs(r["doubled_node_slope"] + 1) < 0.05
+    assert abs(r["doubled_node_pred_ratio"] - 1) < 0.02
+
+
+def test_ch4_multimodal(results):
+    r = results("ch4_multimodal")
+    assert r["scale"] == "book"
+    # "the smallest increment over the 200 iterations ... above -1e-12 (round-off)"
+    assert r["em_iterations"] == 200 and r["min_increment"] > -1e-12
+    # "it equals the K=1 EM fit to 1e-12"; "its means are within 0.03 of the blob centres"
+    assert r["k1_vs_moment_matching"] < 1e-12 and r["mean_recovery"] < 0.03
+    assert r["loglik_k2"] > r["loglik_k1"]
+    # "All parameters agree with scikit-learn to better than 1e-10 after 30 iterations"
+    assert r["sklearn_max_diff"] < 1e-10 and r["sklearn_ll_diff"] < 1e-10
+    # shares are percentages of the population
+    for shares in r["shares"].values():
+        assert abs(sum(shares) - 100) < 1e-9
+    # "the mean K* decreases strictly with lambda and the share of K*=1 never decreases"
+    lams = [str(x) for x in r["penalties"]]
+    assert all(r["mean_k"][a] > r["mean_k"][b] for a, b in zip(lams, lams[1:]))
+    assert all(r["shares"][a][0] <= r["shares"][b][0] for a, b in zip(lams, lams[1:]))
+    assert r["mean_k_decreasing"] is True and r["share1_increasing"] is True

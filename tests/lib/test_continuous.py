@@ -1,0 +1,544 @@
+"""Tests for attnopt.continuous against SciPy quadrature, finite differences and closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import integrate, stats
+
+from attnopt.continuous import (
+    DEFAULT_N_QUADRATURE,
+    ContinuousAttention,
+    GaussianRBF,
+    continuous_density,
+    continuous_softmax,
+    continuous_sparsemax,
+    grid_locations,
+    moment_match,
+    padding_locations,
+    ridge_value_function,
+    truncated_paraboloid_threshold,
+)
+
+F64 = torch.float64
+
+
+# ------------------------------------------------------------------------------------------------
+# independent reference implementations (NumPy / SciPy)
+# ------------------------------------------------------------------------------------------------
+
+
+def np_minus_lambda(Sigma):
+    d = Sigma.shape[0]
+    return (math.gamma(d / 2 + 2) / math.sqrt(np.linalg.det(2 * math.pi * Sigma))) ** (2 / (d + 2))
+
+
+def make_tp(mu, Sigma):
+    """Fast closure t -> TP(t; mu, Sigma) (eq. 3.14 with lambda of eq. 3.15)."""
+    Si, ml = np.linalg.inv(Sigma), np_minus_lambda(Sigma)
+
+    def tp(t):
+        d = np.asarray(t, dtype=float) - mu
+        return max(ml - 0.5 * d @ Si @ d, 0.0)
+
+    return tp
+
+
+def make_psi(c, V):
+    """Fast closure t -> N(t; c, V)."""
+    Vi = np.linalg.inv(V)
+    norm = 1.0 / math.sqrt(np.linalg.det(2 * math.pi * V))
+
+    def psi(t):
+        e = np.asarray(t, dtype=float) - c
+        return norm * math.exp(-0.5 * e @ Vi @ e)
+
+    return psi
+
+
+def np_psi(t, c, V):
+    return stats.multivariate_normal(mean=c, cov=V).pdf(t)
+
+
+def ellipse_dblquad(f, mu, Sigma, epsrel=1e-10, epsabs=1e-13):
+    """Integrate f(x, y) over the support of TP(mu, Sigma) (2D) with scipy's dblquad."""
+    Si = np.linalg.inv(Sigma)
+    R2 = 2 * np_minus_lambda(Sigma)
+    wx = math.sqrt(R2 * Sigma[0, 0])
+
+    def bounds(x):
+        dx = x - mu[0]
+        a, b, c = Si[1, 1], 2 * Si[0, 1] * dx, Si[0, 0] * dx * dx - R2
+        disc = math.sqrt(max(b * b - 4 * a * c, 0.0))
+        return mu[1] + (-b - disc) / (2 * a), mu[1] + (-b + disc) / (2 * a)
+
+    val, _ = integrate.dblquad(
+        lambda y, x: f(x, y), mu[0] - wx, mu[0] + wx, lambda x: bounds(x)[0], lambda x: bounds(x)[1],
+        epsabs=epsabs, epsrel=epsrel,
+    )
+    return val
+
+
+def interval_quad(f, mu, Sigma):
+    w = math.sqrt(2 * np_minus_lambda(Sigma) * Sigma[0, 0])
+    return integrate.quad(f, mu[0] - w, mu[0] + w, epsabs=1e-14, epsrel=1e-12)[0]
+
+
+def sparsemax_reference(mu, Sigma, basis):
+    """r_j and the beta=0 covariance rows cov(t, psi_j), cov(tt^T, psi_j) by quadrature."""
+    mu, Sigma = mu.numpy(), Sigma.numpy()
+    C, V = basis.centers.numpy(), basis.covariance.numpy()
+    d = mu.shape[0]
+    integ = interval_quad if d == 1 else ellipse_dblquad
+
+    def I(g):
+        if d == 1:
+            return integ(lambda x: g(np.array([x])), mu, Sigma)
+        return integ(lambda x, y: g(np.array([x, y])), mu, Sigma)
+
+    area = I(lambda t: 1.0)
+    mean_t = np.array([I(lambda t, a=a: t[a]) for a in range(d)]) / area
+    mean_tt = np.array([[I(lambda t, a=a, b=b: t[a] * t[b]) for b in range(d)] for a in range(d)]) / area
+    r, J1, J2 = [], [], []
+    tp = make_tp(mu, Sigma)
+    for j in range(C.shape[0]):
+        psi = make_psi(C[j], V[j])
+        r.append(I(lambda t: tp(t) * psi(t)))
+        m0 = I(psi)
+        m1 = np.array([I(lambda t, a=a: t[a] * psi(t)) for a in range(d)])
+        m2 = np.array([[I(lambda t, a=a, b=b: t[a] * t[b] * psi(t)) for b in range(d)] for a in range(d)])
+        J1.append(m1 - mean_t * m0)
+        J2.append(m2 - mean_tt * m0)
+    return torch.tensor(np.array(r)), torch.tensor(np.array(J1)), torch.tensor(np.array(J2))
+
+
+def grads_from_theta_jacobian(J1, J2, g, mu, Sigma):
+    """(mu, Sigma)-gradient of <g, r> given dr/dtheta, through theta = [Sigma^{-1} mu, -Sigma^{-1}/2]."""
+    mu, Sigma = mu.clone().requires_grad_(), Sigma.clone().requires_grad_()
+    Si = torch.linalg.inv(Sigma)
+    th1, th2 = Si @ mu, -0.5 * Si
+    lin = (g[:, None] * J1).sum(0) @ th1 + ((g[:, None, None] * J2).sum(0) * th2).sum()
+    gm, gS = torch.autograd.grad(lin, (mu, Sigma))
+    return gm, 0.5 * (gS + gS.T)
+
+
+def our_grads(fn, mu, Sigma, g):
+    mu, Sigma = mu.clone().requires_grad_(), Sigma.clone().requires_grad_()
+    (fn(mu, Sigma) * g).sum().backward()
+    return mu.grad, Sigma.grad
+
+
+# small test problems ------------------------------------------------------------------------------
+
+MU2 = torch.tensor([0.45, 0.55], dtype=F64)
+SIGMA2 = torch.tensor([[0.02, 0.006], [0.006, 0.015]], dtype=F64)
+MU1 = torch.tensor([0.4], dtype=F64)
+SIGMA1 = torch.tensor([[0.03]], dtype=F64)
+
+
+def basis2():
+    # two isotropic bumps and one anisotropic, rotated one; one centre outside the support
+    centers = torch.tensor([[0.5, 0.5], [0.2, 0.7], [0.9, 0.2]], dtype=F64)
+    cov = torch.tensor([[[0.01, 0.0], [0.0, 0.01]], [[0.02, 0.0], [0.0, 0.02]], [[0.03, 0.01], [0.01, 0.01]]], dtype=F64)
+    return GaussianRBF(centers, covariance=cov)
+
+
+def basis1():
+    return GaussianRBF(torch.tensor([[0.1], [0.45], [0.9]], dtype=F64), torch.tensor([0.05, 0.1, 0.2], dtype=F64))
+
+
+def rand_spd(B, d, gen, scale=0.05):
+    A = torch.randn(B, d, d, generator=gen, dtype=F64) * scale
+    return A @ A.transpose(-1, -2) + 0.01 * torch.eye(d, dtype=F64)
+
+
+# ------------------------------------------------------------------------------------------------
+# basis, locations
+# ------------------------------------------------------------------------------------------------
+
+
+def test_gaussian_rbf_is_a_gaussian_density():
+    b = basis2()
+    t = torch.rand(7, 2, dtype=F64)
+    want = np.stack([np_psi(t.numpy(), b.centers[j].numpy(), b.covariance[j].numpy()) for j in range(3)], -1)
+    torch.testing.assert_close(b(t), torch.tensor(want), rtol=1e-12, atol=0)
+    g = GaussianRBF.grid([3, 2], [0.1, 0.2], dim=2, dtype=F64)
+    assert g.n_basis == 9 + 4 and g.dim == 2
+    torch.testing.assert_close(g.covariance[-1], 0.04 * torch.eye(2, dtype=F64))
+    assert grid_locations(14).shape == (196, 2)
+
+
+def test_padding_locations_surround_the_grid():
+    pad = padding_locations(5, 2)
+    inside = ((pad >= 0) & (pad <= 1)).all(-1)
+    assert not inside.any()
+    assert pad.min() == pytest.approx(-0.5) and pad.max() == pytest.approx(1.5)
+    assert pad.shape[0] == 9**2 - 5**2
+
+
+# ------------------------------------------------------------------------------------------------
+# continuous softmax
+# ------------------------------------------------------------------------------------------------
+
+
+def test_softmax_forward_matches_quadrature():
+    b1 = basis1()
+    r1 = continuous_softmax(MU1, SIGMA1, b1)
+    sd = math.sqrt(SIGMA1.item())
+    for j in range(3):
+        c, s = b1.centers[j, 0].item(), math.sqrt(b1.covariance[j, 0, 0].item())
+        ref = integrate.quad(lambda x: stats.norm.pdf(x, MU1.item(), sd) * stats.norm.pdf(x, c, s), -2.0, 3.0,
+                             points=[MU1.item(), c], limit=200, epsabs=1e-15, epsrel=1e-12)[0]
+        assert r1[j].item() == pytest.approx(ref, rel=1e-9)
+    b2 = basis2()
+    r2 = continuous_softmax(MU2, SIGMA2, b2)
+    g = make_psi(MU2.numpy(), SIGMA2.numpy())
+    for j in range(2):
+        psi = make_psi(b2.centers[j].numpy(), b2.covariance[j].numpy())
+        ref = integrate.dblquad(lambda y, x: g([x, y]) * psi([x, y]), -0.6, 1.5, -0.6, 1.6, epsabs=1e-12, epsrel=1e-9)[0]
+        assert r2[j].item() == pytest.approx(ref, rel=1e-7)
+
+
+def test_softmax_jacobian_is_a_covariance_1d():
+    """Our (mu, Sigma)-gradient = cov_p(phi, psi) (eq. 3.20, beta=1) by quadrature, chained to (mu, Sigma)."""
+    b1 = basis1()
+    mu, s2 = MU1.item(), SIGMA1.item()
+    p = stats.norm(mu, math.sqrt(s2))
+    J1, J2 = [], []
+    for j in range(3):
+        psi = stats.norm(b1.centers[j, 0].item(), math.sqrt(b1.covariance[j, 0, 0].item()))
+        E = lambda f: integrate.quad(lambda x: p.pdf(x) * f(x), -2.0, 3.0, points=[mu, psi.mean()], limit=200,  # noqa: E731
+                                     epsabs=1e-15, epsrel=1e-13)[0]
+        m0 = E(psi.pdf)
+        J1.append([E(lambda x: x * psi.pdf(x)) - mu * m0])
+        J2.append([[E(lambda x: x * x * psi.pdf(x)) - (s2 + mu * mu) * m0]])
+    g = torch.tensor([0.3, -1.0, 2.0], dtype=F64)
+    want = grads_from_theta_jacobian(torch.tensor(J1, dtype=F64), torch.tensor(J2, dtype=F64), g, MU1, SIGMA1)
+    got = our_grads(lambda m, S: continuous_softmax(m, S, b1), MU1, SIGMA1, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("D", [1, 2, 3])
+def test_softmax_gradcheck(D):
+    gen = torch.Generator().manual_seed(D)
+    basis = GaussianRBF.grid(3 if D < 3 else 2, [0.1, 0.3], dim=D, dtype=F64)
+    mu = (0.5 + 0.2 * torch.randn(2, D, generator=gen, dtype=F64)).requires_grad_()
+    S = rand_spd(2, D, gen).requires_grad_()
+    f = lambda m, A: continuous_softmax(m, 0.5 * (A + A.transpose(-1, -2)), basis)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (mu, S))
+
+
+# ------------------------------------------------------------------------------------------------
+# continuous sparsemax
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sparsemax_refs():
+    return {1: sparsemax_reference(MU1, SIGMA1, basis1()), 2: sparsemax_reference(MU2, SIGMA2, basis2())}
+
+
+@pytest.mark.parametrize("D", [1, 2])
+def test_sparsemax_forward_and_jacobian_match_quadrature(D, sparsemax_refs):
+    mu, Sigma, basis = (MU1, SIGMA1, basis1()) if D == 1 else (MU2, SIGMA2, basis2())
+    r_ref, J1, J2 = sparsemax_refs[D]
+    r = continuous_sparsemax(mu, Sigma, basis)
+    torch.testing.assert_close(r, r_ref, rtol=1e-8, atol=1e-12)
+    g = torch.tensor([1.0, -0.7, 0.4], dtype=F64)
+    want = grads_from_theta_jacobian(J1, J2, g, mu, Sigma)
+    got = our_grads(lambda m, S: continuous_sparsemax(m, S, basis), mu, Sigma, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+
+
+def test_sparsemax_default_rule_error_below_1e8_vs_dblquad():
+    """Thesis setting (Sigma_j = 0.001 I); ellipse moment-matched from a smooth attention map."""
+    basis = GaussianRBF.grid(10, 0.001**0.5, dim=2, dtype=F64)
+    loc = grid_locations(14, dtype=F64)
+    scores = -((loc - torch.tensor([0.35, 0.6], dtype=F64)) ** 2 * torch.tensor([1.0, 3.0], dtype=F64)).sum(-1) / 0.08
+    mu, Sigma = moment_match(torch.softmax(scores, -1), loc, "truncated_paraboloid")
+    r = continuous_sparsemax(mu, Sigma, basis)
+    keep = torch.argsort(r, descending=True)[:4]  # the largest entries carry the norm
+    sub = GaussianRBF(basis.centers[keep], covariance=basis.covariance[keep])
+    tp = make_tp(mu.numpy(), Sigma.numpy())
+    psis = [make_psi(sub.centers[j].numpy(), sub.covariance[j].numpy()) for j in range(4)]
+    ref = torch.tensor([
+        ellipse_dblquad(lambda x, y, f=f: tp([x, y]) * f([x, y]), mu.numpy(), Sigma.numpy(), epsrel=1e-12, epsabs=1e-14)
+        for f in psis
+    ], dtype=F64)
+    err = lambda n: ((continuous_sparsemax(mu, Sigma, sub, n_quadrature=n) - ref).norm() / ref.norm()).item()  # noqa: E731
+    assert err(DEFAULT_N_QUADRATURE) <= 1e-8
+    # geometric convergence of the periodic trapezoid rule: each doubling at least squares the error
+    e = [err(n) for n in (16, 32, 64)]
+    assert e[1] < e[0] ** 1.5 and e[2] < max(e[1] ** 1.5, 1e-13)
+
+
+@pytest.mark.parametrize("D", [1, 2])
+def test_sparsemax_gradcheck(D):
+    gen = torch.Generator().manual_seed(10 + D)
+    basis = GaussianRBF.grid(3, [0.1, 0.3], dim=D, dtype=F64)
+    mu = (0.5 + 0.1 * torch.randn(2, D, generator=gen, dtype=F64)).requires_grad_()
+    S = rand_spd(2, D, gen).requires_grad_()
+    f = lambda m, A: continuous_sparsemax(m, 0.5 * (A + A.transpose(-1, -2)), basis, n_quadrature=64)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (mu, S))
+
+
+@pytest.mark.parametrize("fn", [continuous_softmax, continuous_sparsemax])
+def test_second_forward_does_not_change_first_gradient(fn):
+    basis = GaussianRBF.grid(4, 0.15, dim=2, dtype=F64)
+    gen = torch.Generator().manual_seed(3)
+    mu_a, S_a = 0.5 + 0.1 * torch.randn(3, 2, generator=gen, dtype=F64), rand_spd(3, 2, gen)
+    mu_b, S_b = 0.3 + 0.1 * torch.randn(3, 2, generator=gen, dtype=F64), rand_spd(3, 2, gen)
+    g = torch.randn(3, 16, generator=gen, dtype=F64)
+    alone = our_grads(lambda m, S: fn(m, S, basis), mu_a, S_a, g)
+    ma, Sa = mu_a.clone().requires_grad_(), S_a.clone().requires_grad_()
+    ra = fn(ma, Sa, basis)
+    rb = fn(mu_b.clone().requires_grad_(), S_b.clone().requires_grad_(), basis)  # second forward
+    (ra * g).sum().backward()
+    torch.testing.assert_close(ma.grad, alone[0], rtol=0, atol=0)
+    torch.testing.assert_close(Sa.grad, alone[1], rtol=0, atol=0)
+    assert rb.grad_fn is not None
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([1, 2]))
+def test_sparsemax_is_a_sub_expectation_of_softmax_like_quantities(seed, D):
+    """Properties: r >= 0, sum_j r_j <= max psi, batching/broadcasting agree with one-by-one calls."""
+    gen = torch.Generator().manual_seed(seed)
+    basis = GaussianRBF.grid(3, 0.2, dim=D, dtype=F64)
+    mu = 0.5 + 0.2 * torch.randn(4, D, generator=gen, dtype=F64)
+    S = rand_spd(4, D, gen)
+    r = continuous_sparsemax(mu, S, basis, n_quadrature=96)
+    assert (r >= -1e-14).all()
+    peak = basis(basis.centers).diagonal().max()
+    assert (r.sum(-1) <= basis.n_basis * peak).all()
+    one = torch.stack([continuous_sparsemax(mu[i], S[i], basis, n_quadrature=96) for i in range(4)])
+    torch.testing.assert_close(r, one, rtol=1e-12, atol=1e-14)
+    shared = continuous_sparsemax(mu, S[0], basis, n_quadrature=96)  # Sigma broadcast over the batch
+    torch.testing.assert_close(shared[0], r[0], rtol=1e-12, atol=1e-14)
+
+
+# ------------------------------------------------------------------------------------------------
+# Theorem 1 and moment matching
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("D", [1, 2])
+def test_theorem1_variance_of_truncated_paraboloid(D):
+    mu, Sigma = (MU1, SIGMA1) if D == 1 else (MU2, SIGMA2)
+    m, S = mu.numpy(), Sigma.numpy()
+    tp = make_tp(m, S)
+    if D == 1:
+        I = lambda f: interval_quad(lambda x: tp([x]) * f(np.array([x])), m, S)  # noqa: E731
+    else:
+        I = lambda f: ellipse_dblquad(lambda x, y: tp([x, y]) * f(np.array([x, y])), m, S)  # noqa: E731
+    mass = I(lambda t: 1.0)
+    mean = np.array([I(lambda t, a=a: t[a]) for a in range(D)])
+    var = np.array([[I(lambda t, a=a, b=b: (t[a] - m[a]) * (t[b] - m[b])) for b in range(D)] for a in range(D)])
+    assert mass == pytest.approx(1.0, abs=1e-9)
+    np.testing.assert_allclose(mean, m, atol=1e-9)
+    lam = truncated_paraboloid_threshold(Sigma).item()
+    np.testing.assert_allclose(var, -lam * S / (D / 2 + 2), rtol=1e-8, atol=1e-12)
+    # the inversion recovers Sigma from the variance: weights = two Dirac masses per axis reproduce var
+    ev, Q = np.linalg.eigh(var)
+    pts = np.concatenate([m + s * math.sqrt(e * D) * Q[:, k] for k, e in enumerate(ev) for s in (-1, 1)]).reshape(-1, D)
+    w = torch.full((pts.shape[0],), 1.0 / pts.shape[0], dtype=F64)
+    mu_hat, Sigma_hat = moment_match(w, torch.tensor(pts), "truncated_paraboloid")
+    torch.testing.assert_close(mu_hat, mu, rtol=0, atol=1e-12)
+    torch.testing.assert_close(Sigma_hat, Sigma, rtol=1e-9, atol=1e-12)
+
+
+def test_moment_match_recovers_sigma_from_samples():
+    rng = np.random.default_rng(0)
+    m, S = MU2.numpy(), SIGMA2.numpy()
+    # rejection sampling of TP(m, S) from its bounding box
+    R = math.sqrt(2 * np_minus_lambda(S))
+    L = np.linalg.cholesky(S)
+    u = rng.uniform(-1, 1, size=(400_000, 2))
+    u = u[(u**2).sum(1) <= 1]
+    keep = rng.uniform(0, 1, size=u.shape[0]) <= 1 - (u**2).sum(1)
+    t = m + R * u[keep] @ L.T
+    w = torch.ones(t.shape[0], dtype=F64)
+    mu_hat, Sigma_hat = moment_match(w, torch.tensor(t), "truncated_paraboloid")
+    torch.testing.assert_close(mu_hat, MU2, rtol=0, atol=3e-3)
+    torch.testing.assert_close(Sigma_hat, SIGMA2, rtol=0, atol=6e-4)
+    mu_g, Sigma_g = moment_match(w, torch.tensor(t), "gaussian")
+    torch.testing.assert_close(Sigma_g, torch.tensor(np.cov(t.T, bias=True)), rtol=1e-10, atol=0)
+
+
+def test_moment_match_closed_forms_eqs_4_3_and_4_6():
+    gen = torch.Generator().manual_seed(0)
+    loc2 = grid_locations(6, dtype=F64)
+    w = torch.rand(3, 36, generator=gen, dtype=F64)
+    _, var = moment_match(w, loc2, "gaussian")
+    _, Sig = moment_match(w, loc2, "truncated_paraboloid")
+    want = 9 * math.pi * torch.linalg.det(var).sqrt()[:, None, None] * var  # eq. (4.6)
+    torch.testing.assert_close(Sig, want)
+    loc1 = torch.linspace(0, 1, 9, dtype=F64)[:, None]
+    _, v1 = moment_match(w[:, :9], loc1, "gaussian")
+    _, s1 = moment_match(w[:, :9], loc1, "truncated_paraboloid")
+    torch.testing.assert_close(s1, 2 / 3 * (5 * v1) ** 1.5)  # eq. (4.3)
+
+
+@pytest.mark.parametrize("family", ["gaussian", "truncated_paraboloid"])
+def test_moment_matched_densities_integrate_to_one(family):
+    loc = grid_locations(8, dtype=F64)
+    noise = torch.randn(64, dtype=F64, generator=torch.Generator().manual_seed(11))
+    w = torch.softmax(-((loc - 0.4) ** 2).sum(-1) / 0.05 + 0.3 * noise, -1)
+    mu, Sigma = moment_match(w, loc, family)
+    m, S = mu.numpy(), Sigma.numpy()
+    L = np.linalg.cholesky(S)
+    if family == "gaussian":
+        # t = mu + L z over a box of +-12 standard deviations (the rest is < 1e-30)
+        def f(z):
+            t = torch.tensor(m + z @ L.T)
+            return continuous_density(t, mu, Sigma, family).numpy() * np.linalg.det(L)
+
+        res = integrate.cubature(f, [-12.0, -12.0], [12.0, 12.0], rtol=1e-11, atol=1e-13)
+    else:
+        # polar coordinates on the supporting ellipse: t = mu + R L (rho cos phi, rho sin phi)
+        R = math.sqrt(2 * np_minus_lambda(S))
+
+        def f(x):
+            rho, phi = x[:, 0], x[:, 1]
+            t = torch.tensor(m + R * np.stack([rho * np.cos(phi), rho * np.sin(phi)], -1) @ L.T)
+            return continuous_density(t, mu, Sigma, family).numpy() * R**2 * np.linalg.det(L) * rho
+
+        res = integrate.cubature(f, [0.0, 0.0], [1.0, 2 * math.pi], rtol=1e-11, atol=1e-13)
+    assert res.estimate == pytest.approx(1.0, abs=1e-9)
+    # 1D
+    mu1, S1 = moment_match(w[:8], loc[:8, 1:], family)
+    d1 = lambda x: continuous_density(torch.tensor([x], dtype=F64), mu1, S1, family).item()  # noqa: E731
+    # Integrate over the support, so that quad never straddles the kinks at its ends.
+    half_width = 4.0 if family == "gaussian" else math.sqrt(2 * np_minus_lambda(S1.numpy()) * S1.item())
+    ends = (mu1.item() - half_width, mu1.item() + half_width) if family != "gaussian" else (-3.0, 4.0)
+    total1 = integrate.quad(d1, *ends, points=[mu1.item()], limit=200, epsabs=1e-12)[0]
+    assert total1 == pytest.approx(1.0, abs=1e-8)
+
+
+# ------------------------------------------------------------------------------------------------
+# ridge value function
+# ------------------------------------------------------------------------------------------------
+
+
+def test_ridge_value_function_matches_normal_equations_and_sklearn():
+    from sklearn.linear_model import Ridge
+
+    basis = GaussianRBF.grid(4, 0.2, dim=2, dtype=F64)
+    loc = grid_locations(9, dtype=F64)
+    H = torch.randn(2, 81, 5, dtype=F64)
+    B = ridge_value_function(H, loc, basis, 0.1)
+    assert B.shape == (2, 5, 16)
+    F = basis(loc).numpy()
+    for i in range(2):
+        sk = Ridge(alpha=0.1, fit_intercept=False, solver="cholesky").fit(F, H[i].numpy())
+        np.testing.assert_allclose(B[i].numpy(), sk.coef_, rtol=1e-8, atol=1e-10)
+    # padding: the regression also sees zero targets outside the grid
+    pad = padding_locations(9, dtype=F64)
+    Bp = ridge_value_function(H, loc, basis, 0.1, padding=pad)
+    Fa = np.concatenate([F, basis(pad).numpy()])
+    Ha = np.concatenate([H[0].numpy(), np.zeros((pad.shape[0], 5))])
+    sk = Ridge(alpha=0.1, fit_intercept=False, solver="cholesky").fit(Fa, Ha)
+    np.testing.assert_allclose(Bp[0].numpy(), sk.coef_, rtol=1e-8, atol=1e-10)
+
+
+def test_ridge_value_function_reconstruction_improves_with_n():
+    loc = grid_locations(30, dtype=F64)
+
+    def f(t):
+        return torch.stack([torch.sin(2 * math.pi * t[:, 0]) * torch.cos(math.pi * t[:, 1]), t[:, 0] * t[:, 1]], -1)
+
+    test_pts = 0.05 + 0.9 * torch.rand(200, 2, generator=torch.Generator().manual_seed(0), dtype=F64)
+    errs = []
+    for n in (3, 6, 12):
+        basis = GaussianRBF.grid(n, 1.5 / n, dim=2, dtype=F64)
+        B = ridge_value_function(f(loc), loc, basis, 1e-8)
+        V = basis(test_pts) @ B.T
+        errs.append(((V - f(test_pts)).norm() / f(test_pts).norm()).item())
+    assert errs[0] > errs[1] > errs[2] and errs[2] < 5e-3
+
+
+# ------------------------------------------------------------------------------------------------
+# the module
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["gaussian", "truncated_paraboloid"])
+def test_continuous_attention_pipeline(family):
+    basis = GaussianRBF.grid(5, 0.1, dim=2)
+    loc = grid_locations(8)
+    att = ContinuousAttention(basis, loc, family=family, penalty=0.01, padding=True, n_quadrature=64)
+    scores = torch.randn(3, 64, requires_grad=True)
+    values = torch.randn(3, 64, 7, requires_grad=True)
+    ctx, (mu, Sigma) = att(scores, values, return_density=True)
+    assert ctx.shape == (3, 7) and ctx.dtype == torch.float32
+    # equals the pipeline written with the public functions
+    mu2, S2 = moment_match(torch.softmax(scores, -1), loc, family)
+    r = continuous_softmax(mu2, S2, basis) if family == "gaussian" else continuous_sparsemax(mu2, S2, basis, 64)
+    B = ridge_value_function(values, loc, basis, 0.01, padding=padding_locations(8))
+    torch.testing.assert_close(ctx, (B @ r.unsqueeze(-1)).squeeze(-1), rtol=1e-4, atol=1e-5)
+    ctx.square().sum().backward()
+    assert scores.grad.abs().sum() > 0 and values.grad.abs().sum() > 0
+
+
+def test_dtype_is_respected():
+    basis = GaussianRBF.grid(3, 0.2, dim=2)
+    mu = torch.tensor([0.5, 0.5], dtype=torch.bfloat16)
+    S = (0.02 * torch.eye(2)).to(torch.bfloat16)
+    assert continuous_sparsemax(mu, S, basis).dtype == torch.bfloat16
+    assert continuous_softmax(mu.float(), S.float(), basis).dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------------------------
+# bad input
+# ------------------------------------------------------------------------------------------------
+
+
+def test_bad_inputs_raise_clear_errors():
+    basis = GaussianRBF.grid(3, 0.2, dim=2, dtype=F64)
+    mu = torch.tensor([0.5, 0.5], dtype=F64)
+    good = 0.02 * torch.eye(2, dtype=F64)
+    with pytest.raises(ValueError, match="symmetric"):
+        continuous_sparsemax(mu, torch.tensor([[0.02, 0.01], [0.0, 0.02]], dtype=F64), basis)
+    with pytest.raises(ValueError, match="positive definite"):
+        continuous_softmax(mu, torch.tensor([[0.02, 0.03], [0.03, 0.02]], dtype=F64), basis)
+    with pytest.raises(ValueError, match="n_quadrature"):
+        continuous_sparsemax(mu, good, basis, n_quadrature=0)
+    with pytest.raises(TypeError, match="n_quadrature"):
+        continuous_sparsemax(mu, good, basis, n_quadrature=2.5)
+    with pytest.raises(ValueError, match="dimension"):
+        continuous_softmax(torch.zeros(3, dtype=F64), torch.eye(3, dtype=F64), basis)
+    with pytest.raises(ValueError, match="D in"):
+        continuous_sparsemax(torch.zeros(3, dtype=F64), torch.eye(3, dtype=F64), GaussianRBF.grid(2, 0.2, dim=3))
+    with pytest.raises(ValueError, match="non-negative"):
+        moment_match(torch.tensor([0.5, -0.1, 0.6]), torch.rand(3, 2))
+    with pytest.raises(ValueError, match="do not match"):
+        moment_match(torch.rand(4), torch.rand(3, 2))
+    with pytest.raises(ValueError, match="family"):
+        moment_match(torch.rand(3), torch.rand(3, 2), family="laplace")
+    with pytest.raises(ValueError, match="N, D >= 1"):
+        GaussianRBF(torch.zeros(0, 2), 0.1)
+    with pytest.raises(ValueError, match="sigma"):
+        GaussianRBF(torch.zeros(2, 2), -0.1)
+    with pytest.raises(ValueError, match="n_per_axis"):
+        GaussianRBF.grid(0, 0.1)
+    with pytest.raises(ValueError, match="positive definite"):
+        GaussianRBF(torch.zeros(1, 2), covariance=torch.tensor([[1.0, 2.0], [2.0, 1.0]]))
+    with pytest.raises(ValueError, match="do not match"):
+        ridge_value_function(torch.rand(5, 3), torch.rand(4, 2), basis, 0.1)
+    with pytest.raises(ValueError, match="dimension"):
+        ridge_value_function(torch.rand(4, 3), torch.rand(4, 3), basis, 0.1)
+    with pytest.raises(ValueError, match="singular"):
+        ridge_value_function(torch.rand(2, 3, dtype=F64), torch.rand(2, 2, dtype=F64), basis, 0.0)
+    with pytest.raises(ValueError, match="penalty"):
+        ridge_value_function(torch.rand(4, 3), torch.rand(4, 2), basis, -1.0)
+    with pytest.raises(ValueError, match="locations"):
+        ContinuousAttention(basis, grid_locations(4)).forward(torch.rand(2, 15), torch.rand(2, 15, 3))
+    with pytest.raises(TypeError, match="GaussianRBF"):
+        continuous_softmax(mu, good, "not a basis")

@@ -1,0 +1,431 @@
+"""Tests for attnopt.mixture: weighted EM, model selection (5.20) and multimodal continuous attention.
+
+Independent references: scikit-learn's GaussianMixture (same initialization, uniform weights), EM
+on explicitly repeated points (integer weights), moment matching of attention.continuous, the
+unimodal ContinuousAttention module, finite differences (gradcheck), and per-example loops.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from threadpoolctl import threadpool_limits
+
+from attnopt.continuous import ContinuousAttention, GaussianRBF, grid_locations, moment_match, ridge_value_function
+from attnopt.mixture import (
+    MultimodalContinuousAttention,
+    select_components,
+    weighted_em,
+    weighted_log_likelihood,
+)
+
+GaussianMixture = pytest.importorskip("sklearn.mixture").GaussianMixture
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # tiny batched linear algebra: OpenMP threads only add contention on a loaded 2-core machine
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _blobs(seed, n_per=40, d=2):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n_per, d, generator=g, dtype=F64) * 0.3 + 1.5
+    b = torch.randn(n_per, d, generator=g, dtype=F64) * torch.tensor([0.6, 0.2][:d] + [0.4] * (d - 2), dtype=F64) - 1.0
+    c = torch.randn(n_per // 2, d, generator=g, dtype=F64) * 0.5 + torch.tensor([2.0, -2.0][:d] + [0.0] * (d - 2), dtype=F64)
+    return torch.cat([a, b, c])
+
+
+def _random_init(x, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    n, d = x.shape
+    means = x[torch.randperm(n, generator=g)[:k]].clone()
+    a = torch.randn(k, d, d, generator=g, dtype=F64) * 0.3
+    covs = a @ a.transpose(-1, -2) + 0.5 * torch.eye(d, dtype=F64)
+    mix = torch.rand(k, generator=g, dtype=F64) + 0.5
+    mix = mix / mix.sum()
+    return {"means": means, "covariances": covs, "mixing": mix}
+
+
+def _sklearn_fit(x, init, n_iter, reg, tol=0.0):
+    with threadpool_limits(1):
+        return _sklearn_fit_(x, init, n_iter, reg, tol)
+
+
+def _sklearn_fit_(x, init, n_iter, reg, tol):
+    mix = init["mixing"].numpy().copy()
+    mix[-1] = 1.0 - mix[:-1].sum()  # sklearn checks the sum to 1e-16-ish
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ConvergenceWarning: we ask for exactly n_iter steps
+        gm = GaussianMixture(
+            n_components=init["means"].shape[0], covariance_type="full", reg_covar=reg, max_iter=n_iter, tol=tol,
+            means_init=init["means"].numpy(), precisions_init=np.linalg.inv(init["covariances"].numpy()),
+            weights_init=mix, n_init=1,
+        ).fit(x.numpy())
+    return gm
+
+
+grid = grid_locations(14, dtype=F64)
+
+
+def _bump(center, s):
+    return torch.exp(-0.5 * ((grid - torch.tensor(center, dtype=F64)) ** 2).sum(-1) / s**2)
+
+
+ONE_BLOB = _bump([0.5, 0.4], 0.12)
+TWO_BLOBS = _bump([0.2, 0.2], 0.07) + _bump([0.8, 0.75], 0.09)
+TWO_BLOBS_UNEQUAL = _bump([0.25, 0.5], 0.1) + 0.5 * _bump([0.75, 0.5], 0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# weighted EM
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed,k,d", [(0, 3, 2), (1, 2, 2), (2, 4, 3)])
+@pytest.mark.parametrize("n_iter", [1, 7, 40])
+def test_uniform_weights_match_sklearn(seed, k, d, n_iter):
+    x = _blobs(seed, d=d)
+    n = x.shape[0]
+    init = _random_init(x, k, seed)
+    gm = _sklearn_fit(x, init, n_iter, reg=1e-6)
+    res = weighted_em(x, torch.full((n,), 1.0 / n, dtype=F64), k, n_iter=n_iter, init=init, tol=None, cov_floor=1e-6)
+    assert res.n_iter == n_iter and res.history.shape == (n_iter,)
+    np.testing.assert_allclose(res.means.numpy(), gm.means_, atol=1e-8)
+    np.testing.assert_allclose(res.covariances.numpy(), gm.covariances_, atol=1e-8)
+    np.testing.assert_allclose(res.mixing.numpy(), gm.weights_, atol=1e-8)
+    # with w = 1/N the weighted log-likelihood is sklearn's average log-likelihood
+    np.testing.assert_allclose(res.log_likelihood.item(), gm.score(x.numpy()), atol=1e-8)
+    # unnormalized uniform weights (w = 1): same parameters, log-likelihood = N x average
+    res1 = weighted_em(x, torch.ones(n, dtype=F64), k, n_iter=n_iter, init=init, tol=None, cov_floor=1e-6)
+    np.testing.assert_allclose(res1.means.numpy(), gm.means_, atol=1e-8)
+    np.testing.assert_allclose(res1.mixing.numpy(), gm.weights_, atol=1e-8)
+    np.testing.assert_allclose(res1.log_likelihood.item(), n * gm.score(x.numpy()), rtol=1e-10)
+
+
+def test_convergence_matches_sklearn_at_convergence():
+    x = _blobs(5)
+    n = x.shape[0]
+    init = _random_init(x, 3, 5)
+    res = weighted_em(x, torch.full((n,), 1.0 / n, dtype=F64), 3, n_iter=2000, init=init, tol=1e-13, cov_floor=1e-6)
+    assert res.n_iter < 2000  # stopped by tol
+    gm = _sklearn_fit(x, init, 2000, reg=1e-6, tol=1e-13)  # sklearn's own stopping rule
+    assert gm.converged_
+    np.testing.assert_allclose(res.means.numpy(), gm.means_, atol=1e-6)
+    np.testing.assert_allclose(res.covariances.numpy(), gm.covariances_, atol=1e-6)
+    np.testing.assert_allclose(res.mixing.numpy(), gm.weights_, atol=1e-6)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(1, 4))
+def test_integer_weights_equal_repeated_points(seed, k):
+    g = torch.Generator().manual_seed(seed)
+    x = _blobs(seed % 7, n_per=15)
+    counts = torch.randint(0, 4, (x.shape[0],), generator=g)
+    counts[0] = 1
+    init = _random_init(x[counts > 0], k, seed)
+    w = counts.to(F64)
+    res = weighted_em(x, w, k, n_iter=12, init=init, tol=None, cov_floor=1e-6)
+    xr = x.repeat_interleave(counts, dim=0)
+    rep = weighted_em(xr, torch.ones(xr.shape[0], dtype=F64), k, n_iter=12, init=init, tol=None, cov_floor=1e-6)
+    torch.testing.assert_close(res.means, rep.means, atol=1e-9, rtol=0)
+    torch.testing.assert_close(res.covariances, rep.covariances, atol=1e-9, rtol=0)
+    torch.testing.assert_close(res.mixing, rep.mixing, atol=1e-9, rtol=0)
+    torch.testing.assert_close(res.history, rep.history, atol=1e-8, rtol=1e-10)
+
+
+@pytest.mark.parametrize("cov_floor", [0.0, 1e-6])
+@pytest.mark.parametrize("init", ["kmeans++", "random", "regions"])
+def test_history_monotone_and_parameters_valid(cov_floor, init):
+    g = torch.Generator().manual_seed(3)
+    if cov_floor > 0:  # attention-like weights on the grid (needs the floor: components can collapse)
+        pts = grid
+        scores = torch.randn(6, 196, generator=g, dtype=F64) * 2.0
+        w = torch.cat([torch.softmax(scores, -1), torch.stack([ONE_BLOB, TWO_BLOBS])], dim=0)
+    else:  # no floor: the monotonicity theorem exactly, on points in general position
+        pts = _blobs(3)
+        w = torch.rand(8, pts.shape[0], generator=g, dtype=F64) + 0.05
+    w = w / w.sum(-1, keepdim=True)
+    res = weighted_em(pts, w, 3, n_iter=40, init=init, tol=None, cov_floor=cov_floor, generator=g)
+    diffs = res.history[1:] - res.history[:-1]
+    assert diffs.min() >= -1e-10
+    # the returned log-likelihood is the one of the returned parameters (independent evaluation)
+    ll = weighted_log_likelihood(pts, w, res.means, res.covariances, res.mixing)
+    torch.testing.assert_close(ll, res.log_likelihood, atol=1e-10, rtol=0)
+    torch.testing.assert_close(res.history[-1], res.log_likelihood)
+    torch.testing.assert_close(res.mixing.sum(-1), torch.ones(8, dtype=F64))
+    assert (res.mixing >= 0).all()
+    torch.testing.assert_close(res.covariances, res.covariances.transpose(-1, -2), atol=0, rtol=0)
+    eig = torch.linalg.eigvalsh(res.covariances)
+    assert (eig > 0).all()
+    if cov_floor > 0:
+        assert (eig >= cov_floor * (1 - 1e-9)).all()
+
+
+def test_one_component_is_moment_matching():
+    g = torch.Generator().manual_seed(0)
+    w = torch.softmax(torch.randn(5, 196, generator=g, dtype=F64), -1)
+    mu, var = moment_match(w, grid)
+    res = weighted_em(grid, w, 1, n_iter=3, init="kmeans++", tol=None, cov_floor=1e-4, generator=g)
+    torch.testing.assert_close(res.means[..., 0, :], mu)
+    torch.testing.assert_close(res.covariances[..., 0, :, :], var + 1e-4 * torch.eye(2, dtype=F64))
+    torch.testing.assert_close(res.mixing, torch.ones(5, 1, dtype=F64))
+
+
+def test_weight_scale_invariance():
+    g = torch.Generator().manual_seed(1)
+    w = torch.softmax(torch.randn(3, 196, generator=g, dtype=F64) * 3, -1)
+    a = weighted_em(grid, w, 3, n_iter=15, init="regions", tol=None)
+    b = weighted_em(grid, 7.5 * w, 3, n_iter=15, init="regions", tol=None)
+    torch.testing.assert_close(a.means, b.means)
+    torch.testing.assert_close(a.covariances, b.covariances)
+    torch.testing.assert_close(a.mixing, b.mixing)
+    torch.testing.assert_close(7.5 * a.log_likelihood, b.log_likelihood)
+
+
+@pytest.mark.parametrize("init", ["regions", "given"])
+def test_batched_equals_looped(init):
+    g = torch.Generator().manual_seed(4)
+    w = torch.softmax(torch.randn(2, 3, 196, generator=g, dtype=F64) * 2.5, -1)
+    if init == "given":
+        means = torch.rand(2, 3, 4, 2, generator=g, dtype=F64)
+        a = torch.randn(2, 3, 4, 2, 2, generator=g, dtype=F64) * 0.1
+        init_b = {"means": means, "covariances": a @ a.transpose(-1, -2) + 0.01 * torch.eye(2, dtype=F64),
+                  "mixing": torch.full((2, 3, 4), 0.25, dtype=F64)}
+        init_of = lambda i, j: {key: v[i, j] for key, v in init_b.items()}
+    else:
+        init_b = "regions"
+        init_of = lambda i, j: "regions"
+    res = weighted_em(grid, w, 4, n_iter=20, init=init_b, tol=None)
+    for i in range(2):
+        for j in range(3):
+            one = weighted_em(grid, w[i, j], 4, n_iter=20, init=init_of(i, j), tol=None)
+            torch.testing.assert_close(res.means[i, j], one.means)
+            torch.testing.assert_close(res.covariances[i, j], one.covariances)
+            torch.testing.assert_close(res.mixing[i, j], one.mixing)
+            torch.testing.assert_close(res.history[:, i, j], one.history)
+    # per-example points (..., N, D) give the same as shared points
+    res2 = weighted_em(grid.expand(2, 3, 196, 2), w, 4, n_iter=20, init=init_b, tol=None)
+    torch.testing.assert_close(res2.means, res.means)
+
+
+def test_tol_stops_when_all_examples_converged():
+    w = torch.stack([TWO_BLOBS, TWO_BLOBS_UNEQUAL])
+    w = w / w.sum(-1, keepdim=True)
+    res = weighted_em(grid, w, 2, n_iter=500, init="regions", tol=1e-9)
+    assert 1 < res.n_iter < 500
+    assert res.history.shape == (res.n_iter, 2)
+    last = res.history[-1] - res.history[-2]
+    assert (last < 1e-9).all()
+    prev = res.history[-2] - res.history[-3] if res.n_iter > 2 else None
+    if prev is not None:
+        assert (prev >= 1e-9).any()
+
+
+def test_regions_init_separates_two_blobs():
+    w = TWO_BLOBS_UNEQUAL / TWO_BLOBS_UNEQUAL.sum()
+    res = weighted_em(grid, w, 2, n_iter=50, init="regions", tol=None)
+    order = res.means[:, 0].argsort()
+    torch.testing.assert_close(res.means[order], torch.tensor([[0.25, 0.5], [0.75, 0.5]], dtype=F64), atol=5e-3, rtol=0)
+    torch.testing.assert_close(res.mixing[order], torch.tensor([2 / 3, 1 / 3], dtype=F64), atol=5e-3, rtol=0)
+
+
+def test_gradient_through_unrolled_em():
+    pts = grid_locations(4, dtype=F64)
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(16, generator=g, dtype=F64, requires_grad=True)
+
+    def f(s):
+        r = weighted_em(pts, torch.softmax(s, -1), 2, n_iter=3, init="regions", tol=None, cov_floor=1e-3)
+        return r.means, r.covariances, r.mixing, r.log_likelihood
+
+    assert torch.autograd.gradcheck(f, (s,))
+
+
+# --------------------------------------------------------------------------------------------
+# model selection
+# --------------------------------------------------------------------------------------------
+
+
+def test_select_components_one_vs_two_blobs():
+    w = torch.stack([ONE_BLOB, TWO_BLOBS, TWO_BLOBS_UNEQUAL, _bump([0.3, 0.7], 0.2)])
+    g = torch.Generator().manual_seed(0)
+    sel = select_components(grid, 3.0 * w, max_components=4, penalty=0.1, n_init=3, n_iter=40, generator=g)
+    assert sel.n_components.tolist() == [1, 2, 2, 1]
+    assert sel.criterion.shape == (4, 4)
+    # padding components have zero mixing; the real ones sum to one
+    k = sel.n_components
+    pad = torch.arange(4)[None, :] >= k[:, None]
+    assert (sel.mixing[pad] == 0).all()
+    torch.testing.assert_close(sel.mixing.sum(-1), torch.ones(4, dtype=F64))
+    # the reported criterion of the chosen K is (5.20) recomputed from the returned mixture
+    wn = w / w.sum(-1, keepdim=True)
+    safe_mix = sel.mixing.clamp_min(1e-300)
+    ll = weighted_log_likelihood(grid, wn, sel.means, sel.covariances, safe_mix)
+    torch.testing.assert_close(ll, sel.log_likelihood, atol=1e-9, rtol=0)
+    crit = -2 * ll + 0.1 * k.to(F64)
+    torch.testing.assert_close(crit, sel.criterion.gather(-1, (k - 1)[:, None]).squeeze(-1), atol=1e-9, rtol=0)
+    assert (sel.criterion.gather(-1, (k - 1)[:, None]) <= sel.criterion + 1e-12).all()
+
+
+def test_select_components_penalty_monotone():
+    w = TWO_BLOBS_UNEQUAL
+    ks = []
+    for pen in (0.0, 0.1, 1e3):
+        sel = select_components(grid, w, max_components=3, penalty=pen, n_iter=30, generator=torch.Generator().manual_seed(0))
+        ks.append(int(sel.n_components))
+    assert ks[0] >= ks[1] >= ks[2] == 1
+
+
+# --------------------------------------------------------------------------------------------
+# the module
+# --------------------------------------------------------------------------------------------
+
+BASIS = GaussianRBF.grid(6, 0.05, dtype=F64)
+
+
+def test_module_one_component_equals_continuous_attention():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(3, 196, generator=g, dtype=F64, requires_grad=True)
+    v = torch.randn(3, 196, 5, generator=g, dtype=F64, requires_grad=True)
+    mm = MultimodalContinuousAttention(BASIS, grid, 1, cov_floor=0.0, n_iter=2)
+    ref = ContinuousAttention(BASIS, grid)
+    c1, c0 = mm(s, v), ref(s, v)
+    torch.testing.assert_close(c1, c0, atol=1e-12, rtol=1e-9)
+    gs1, gv1 = torch.autograd.grad(c1.square().sum(), (s, v))
+    gs0, gv0 = torch.autograd.grad(c0.square().sum(), (s, v))
+    torch.testing.assert_close(gs1, gs0, atol=1e-12, rtol=1e-8)
+    torch.testing.assert_close(gv1, gv0, atol=1e-12, rtol=1e-8)
+
+
+def test_module_context_is_mixture_of_component_contexts():
+    g = torch.Generator().manual_seed(1)
+    s = torch.log(torch.stack([TWO_BLOBS, ONE_BLOB])) + 0.1 * torch.randn(2, 196, generator=g, dtype=F64)
+    v = torch.randn(2, 196, 4, generator=g, dtype=F64)
+    mm = MultimodalContinuousAttention(BASIS, grid, 2, n_iter=10)
+    c, (pi, mu, Sigma) = mm(s, v, return_mixture=True)
+    ref = ContinuousAttention(BASIS, grid)
+    # r = E_p[psi] for the mixture density p = sum_k pi_k N(mu_k, Sigma_k), by an independent
+    # midpoint quadrature on a fine grid, then c = B r (eqs. (5.4)-(5.5))
+    t = grid_locations(121, low=-0.5, high=1.5, dtype=F64)
+    dens = torch.exp(-0.5 * torch.einsum("bkld,bkde,bkle->bkl", t - mu[..., None, :], torch.linalg.inv(Sigma), t - mu[..., None, :]))
+    dens = dens / (2 * torch.pi * torch.linalg.det(Sigma).sqrt())[..., None]
+    dA = (2.0 / 120) ** 2
+    r = torch.einsum("bk,bkl,ln->bn", pi, dens, BASIS(t)) * dA
+    B = ridge_value_function(v, grid, BASIS, 0.01)
+    torch.testing.assert_close(c, (B @ r.unsqueeze(-1)).squeeze(-1), atol=1e-4, rtol=1e-3)
+    assert not torch.allclose(c[0], ref(s, v)[0], atol=1e-3)  # bimodal differs from unimodal
+
+
+@pytest.mark.parametrize("k", [2, "auto"])
+def test_module_forward_backward(k):
+    g = torch.Generator().manual_seed(2)
+    s = torch.randn(2, 196, generator=g, dtype=F64, requires_grad=True)
+    v = torch.randn(2, 196, 3, generator=g, dtype=F64, requires_grad=True)
+    mm = MultimodalContinuousAttention(BASIS, grid, k, max_components=3, n_iter=5, n_init=2)
+    c = mm(s * 3, v)
+    assert c.shape == (2, 3) and torch.isfinite(c).all()
+    c.sum().backward()
+    assert torch.isfinite(s.grad).all() and s.grad.abs().max() > 0
+    assert torch.isfinite(v.grad).all() and v.grad.abs().max() > 0
+
+
+def test_module_gradcheck_small():
+    pts = grid_locations(4, dtype=F64)
+    basis = GaussianRBF.grid(3, 0.3, dtype=F64)
+    mm = MultimodalContinuousAttention(basis, pts, 2, n_iter=3, cov_floor=1e-3)
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(16, generator=g, dtype=F64, requires_grad=True)
+    v = torch.randn(16, 2, generator=g, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda s, v: mm(s, v), (s, v))
+
+
+def test_module_detached_em_gives_no_score_gradient():
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(196, generator=g, dtype=F64, requires_grad=True)
+    v = torch.randn(196, 3, generator=g, dtype=F64, requires_grad=True)
+    a = MultimodalContinuousAttention(BASIS, grid, 2, differentiate_em=False)
+    b = MultimodalContinuousAttention(BASIS, grid, 2, differentiate_em=True)
+    ca, cb = a(s, v), b(s, v)
+    torch.testing.assert_close(ca, cb)
+    ca.sum().backward()
+    assert s.grad is None or (s.grad == 0).all()
+    assert v.grad.abs().max() > 0
+
+
+def test_float32_runs():
+    basis = GaussianRBF.grid(6, 0.05)
+    mm = MultimodalContinuousAttention(basis, grid_locations(14), 2)
+    c = mm(torch.randn(4, 196), torch.randn(4, 196, 8))
+    assert c.dtype == torch.float32 and torch.isfinite(c).all()
+
+
+# --------------------------------------------------------------------------------------------
+# invalid input
+# --------------------------------------------------------------------------------------------
+
+
+def test_bad_inputs():
+    w = torch.full((196,), 1 / 196, dtype=F64)
+    with pytest.raises(ValueError, match="non-negative"):
+        weighted_em(grid, -w, 2)
+    with pytest.raises(ValueError, match="positive sum"):
+        weighted_em(grid, torch.zeros(196, dtype=F64), 2)
+    with pytest.raises(ValueError, match="do not match"):
+        weighted_em(grid, w[:100], 2)
+    with pytest.raises(ValueError, match="n_components"):
+        weighted_em(grid, w, 0)
+    with pytest.raises(TypeError, match="n_components"):
+        weighted_em(grid, w, 2.0)
+    with pytest.raises(ValueError, match="exceeds"):
+        weighted_em(grid[:3], w[:3], 4)
+    with pytest.raises(ValueError, match="init"):
+        weighted_em(grid, w, 2, init="nope")
+    with pytest.raises(ValueError, match="initial means"):
+        weighted_em(grid, w, 2, init=torch.zeros(3, 2, dtype=F64))
+    with pytest.raises(ValueError, match="positive definite"):
+        weighted_em(grid, w, 2, init={"means": torch.zeros(2, 2, dtype=F64), "covariances": -torch.eye(2, dtype=F64).expand(2, 2, 2)})
+    with pytest.raises(TypeError, match="floating"):
+        weighted_em(grid, torch.ones(196, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="NaN"):
+        weighted_em(grid, w * float("nan"), 2)
+    with pytest.raises(ValueError, match="cov_floor"):
+        weighted_em(grid, w, 2, cov_floor=-1.0)
+    with pytest.raises(ValueError, match="min_components"):
+        select_components(grid, w, max_components=2, min_components=3)
+    with pytest.raises(TypeError, match="basis"):
+        MultimodalContinuousAttention("basis", grid, 2)
+    with pytest.raises(ValueError, match="n_components"):
+        MultimodalContinuousAttention(BASIS, grid, 0)
+    mm = MultimodalContinuousAttention(BASIS, grid, 2)
+    with pytest.raises(ValueError, match="do not match"):
+        mm(torch.randn(100, dtype=F64), torch.randn(196, 3, dtype=F64))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    g = torch.Generator().manual_seed(0)
+    w = torch.softmax(torch.randn(8, 196, generator=g, dtype=F64) * 2, -1)
+    cpu = weighted_em(grid, w, 3, n_iter=20, init="regions", tol=1e-12)
+    gpu = weighted_em(grid.cuda(), w.cuda(), 3, n_iter=20, init="regions", tol=1e-12)
+    assert gpu.means.device.type == "cuda"
+    torch.testing.assert_close(gpu.means.cpu(), cpu.means)
+    torch.testing.assert_close(gpu.covariances.cpu(), cpu.covariances)
+    gk = weighted_em(grid.cuda(), w.cuda(), 3, n_iter=5, init="kmeans++", generator=torch.Generator(device="cuda").manual_seed(0))
+    assert torch.isfinite(gk.log_likelihood).all()
+    mm = MultimodalContinuousAttention(BASIS, grid, 2).cuda()
+    s = torch.randn(4, 196, dtype=F64, device="cuda", requires_grad=True)
+    c = mm(s, torch.randn(4, 196, 3, dtype=F64, device="cuda"))
+    c.sum().backward()
+    assert c.device.type == "cuda" and torch.isfinite(s.grad).all()
