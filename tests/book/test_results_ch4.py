@@ -74,3 +74,5 @@ def test_ch4_multimodal(results):
     assert all(r["mean_k"][a] > r["mean_k"][b] for a, b in zip(lams, lams[1:]))
     assert all(r["shares"][a][0] <= r["shares"][b][0] for a, b in zip(lams, lams[1:]))
     assert r["mean_k_decreasing"] is True and r["share1_increasing"] is True
+    # "confirm on a few maps that a direct call at the largest penalty chooses the same K*"
+    assert r["direct_agrees"] is True
