@@ -16,6 +16,7 @@ __all__ = [
     "as_float_tensor",
     "check_dim",
     "check_finite",
+    "check_int",
     "check_positive",
     "check_probability_vector",
     "check_shape_match",
@@ -81,6 +82,15 @@ def check_dim(dim: int, ndim: int, name: str = "dim") -> int:
     if not -ndim <= dim < ndim:
         raise ValueError(f"{name}={dim} is out of range for a tensor with {ndim} dimension(s)")
     return dim % ndim
+
+
+def check_int(value, name: str, minimum: int = 1) -> int:
+    """Return ``value`` after checking it is an int (not a bool) and ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return value
 
 
 def check_shape_match(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str, dims: Sequence[tuple[int, int]]) -> None:

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ._validation import as_float_tensor, check_finite, check_positive, check_shape_match
+from ._validation import as_float_tensor, check_finite, check_int, check_positive, check_shape_match
 
 __all__ = [
     "DEFAULT_N_QUADRATURE",
@@ -109,14 +109,6 @@ def _check_family(family: str) -> str:
     if family not in _FAMILIES:
         raise ValueError(f"family must be one of {_FAMILIES}; got {family!r}")
     return family
-
-
-def _check_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return value
 
 
 def _gaussian_const(d: int) -> float:
@@ -262,7 +254,7 @@ class GaussianRBF(nn.Module):
         Raises:
             ValueError: on non-positive sizes or standard deviations, or mismatched lengths.
         """
-        dim = _check_int(dim, "dim")
+        dim = check_int(dim, "dim")
         sig = [sigmas] if isinstance(sigmas, (int, float)) else list(sigmas)
         if len(sig) == 0:
             raise ValueError("sigmas must hold at least one standard deviation")
@@ -270,7 +262,7 @@ class GaussianRBF(nn.Module):
         ns = [n_per_axis] * len(sig) if isinstance(n_per_axis, int) else list(n_per_axis)
         if len(ns) != len(sig):
             raise ValueError(f"n_per_axis has {len(ns)} entries but sigmas has {len(sig)}")
-        ns = [_check_int(n, "n_per_axis") for n in ns]
+        ns = [check_int(n, "n_per_axis") for n in ns]
         if not high > low:
             raise ValueError(f"high must be > low; got low={low}, high={high}")
         dtype = dtype or torch.get_default_dtype()
@@ -334,8 +326,8 @@ def grid_locations(
     Returns:
         ``(n_per_axis ** dim, dim)`` tensor.
     """
-    n_per_axis = _check_int(n_per_axis, "n_per_axis")
-    dim = _check_int(dim, "dim")
+    n_per_axis = check_int(n_per_axis, "n_per_axis")
+    dim = check_int(dim, "dim")
     axis = torch.linspace(low, high, n_per_axis, dtype=dtype or torch.get_default_dtype(), device=device)
     mesh = torch.meshgrid(*([axis] * dim), indexing="ij")
     return torch.stack([m.reshape(-1) for m in mesh], dim=-1)
@@ -360,8 +352,8 @@ def padding_locations(
     Returns:
         ``(P, dim)`` tensor of padding locations.
     """
-    n_per_axis = _check_int(n_per_axis, "n_per_axis")
-    dim = _check_int(dim, "dim")
+    n_per_axis = check_int(n_per_axis, "n_per_axis")
+    dim = check_int(dim, "dim")
     if n_per_axis < 2:
         raise ValueError("padding needs n_per_axis >= 2 (a grid step)")
     step = (high - low) / (n_per_axis - 1)
@@ -888,7 +880,7 @@ def continuous_sparsemax(
         ValueError: if ``Sigma`` is not symmetric positive definite, ``D`` is not 1 or 2,
             dimensions disagree or ``n_quadrature < 1``.
     """
-    n_quadrature = _check_int(n_quadrature, "n_quadrature")
+    n_quadrature = check_int(n_quadrature, "n_quadrature")
     mu_f, Sigma_f, centers, cov, batch, dtype = _prepare(mu, Sigma, basis, "continuous_sparsemax")
     if mu_f.shape[-1] not in (1, 2):
         raise ValueError(f"continuous_sparsemax supports D in {{1, 2}}; got D={mu_f.shape[-1]}")
@@ -943,7 +935,7 @@ class ContinuousAttention(nn.Module):
         self.family = _check_family(family)
         if self.family == "truncated_paraboloid" and basis.dim not in (1, 2):
             raise ValueError(f"continuous sparsemax supports D in {{1, 2}}; the basis has D={basis.dim}")
-        self.n_quadrature = _check_int(n_quadrature, "n_quadrature")
+        self.n_quadrature = check_int(n_quadrature, "n_quadrature")
         self.penalty = check_positive(penalty, "penalty", allow_zero=True)
         self.basis = basis
         locations = _check_locations(locations, basis).to(device=basis.centers.device, dtype=basis.centers.dtype)

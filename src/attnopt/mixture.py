@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._validation import as_float_tensor, check_finite, check_positive, check_shape_match
+from ._validation import as_float_tensor, check_finite, check_int, check_positive, check_shape_match
 from .continuous import GaussianRBF, continuous_softmax, ridge_value_function
 
 __all__ = [
@@ -95,14 +95,6 @@ class MixtureSelection(NamedTuple):
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _check_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return value
 
 
 def _sym(x: torch.Tensor) -> torch.Tensor:
@@ -203,7 +195,7 @@ def region_labels(points: torch.Tensor, n_components: int) -> torch.Tensor:
     Returns:
         ``(..., N, K)`` one-hot labels in the dtype of ``points``.
     """
-    k = _check_int(n_components, "n_components")
+    k = check_int(n_components, "n_components")
     lo = points.amin(-2, keepdim=True)
     hi = points.amax(-2, keepdim=True)
     rel = (points - lo) / (hi - lo).clamp_min(torch.finfo(points.dtype).tiny)  # in [0, 1]
@@ -412,8 +404,8 @@ def weighted_em(
             a bad ``init``.
         TypeError: on non-integer ``n_components``/``n_iter`` or non-float tensors.
     """
-    k = _check_int(n_components, "n_components")
-    n_iter = _check_int(n_iter, "n_iter")
+    k = check_int(n_components, "n_components")
+    n_iter = check_int(n_iter, "n_iter")
     cov_floor = check_positive(cov_floor, "cov_floor", allow_zero=True)
     if tol is not None:
         tol = float(tol)
@@ -497,11 +489,11 @@ def select_components(
     Raises:
         ValueError: as :func:`weighted_em`, or if ``min_components > max_components``.
     """
-    k_max = _check_int(max_components, "max_components")
-    k_min = _check_int(min_components, "min_components")
+    k_max = check_int(max_components, "max_components")
+    k_min = check_int(min_components, "min_components")
     if k_min > k_max:
         raise ValueError(f"min_components={k_min} must be <= max_components={k_max}")
-    n_init = _check_int(n_init, "n_init")
+    n_init = check_int(n_init, "n_init")
     penalty = check_positive(penalty, "penalty", allow_zero=True)
     if init not in ("random", "kmeans++"):
         raise ValueError(f"init must be 'random' or 'kmeans++' for select_components; got {init!r}")
@@ -607,16 +599,16 @@ class MultimodalContinuousAttention(nn.Module):
             raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
         if n_components == "auto":
             self.n_components = "auto"
-            self.max_components = _check_int(max_components, "max_components")
+            self.max_components = check_int(max_components, "max_components")
         else:
-            self.n_components = _check_int(n_components, "n_components")
+            self.n_components = check_int(n_components, "n_components")
             self.max_components = self.n_components
         if init not in _INITS:
             raise ValueError(f"init must be one of {_INITS}; got {init!r}")
         self.init = init
         self.selection_penalty = check_positive(selection_penalty, "selection_penalty", allow_zero=True)
-        self.n_init = _check_int(n_init, "n_init")
-        self.n_iter = _check_int(n_iter, "n_iter")
+        self.n_init = check_int(n_init, "n_init")
+        self.n_iter = check_int(n_iter, "n_iter")
         self.cov_floor = check_positive(cov_floor, "cov_floor", allow_zero=True)
         self.penalty = check_positive(penalty, "penalty", allow_zero=True)
         self.differentiate_em = bool(differentiate_em)

@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 from torch.autograd import Function
 
-from ._validation import as_float_tensor, check_dim, check_finite, check_positive
+from ._validation import as_float_tensor, check_dim, check_finite, check_int, check_positive
 
 __all__ = [
     "alibi_log_prior",
@@ -107,14 +107,6 @@ def _check_alpha(alpha) -> float:
     if not math.isfinite(alpha) or alpha < 1.0:
         raise ValueError(f"alpha must be a finite number >= 1 (alpha=1 is softmax); got {alpha}")
     return alpha
-
-
-def _check_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return value
 
 
 def _entmax_vjp(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -282,8 +274,8 @@ def alibi_log_prior(
     Returns:
         ``(n_queries, n_keys)`` or ``(n_heads, n_queries, n_keys)`` log-prior.
     """
-    n_queries = _check_int(n_queries, "n_queries")
-    n_keys = _check_int(n_keys, "n_keys")
+    n_queries = check_int(n_queries, "n_queries")
+    n_keys = check_int(n_keys, "n_keys")
     if isinstance(slope, torch.Tensor):
         if slope.ndim > 1:
             raise ValueError(f"slope must be a scalar or a 1-D tensor of per-head slopes; got shape {tuple(slope.shape)}")
@@ -586,7 +578,7 @@ def entmax(
     tol = check_positive(tol, "tol")
     if n_iter is None:
         n_iter = max(1, math.ceil(math.log2(1.0 / tol)))
-    n_iter = _check_int(n_iter, "n_iter")
+    n_iter = check_int(n_iter, "n_iter")
     y = _to_last(x, d)
     if alpha - 1.0 <= 1e-6:
         return _from_last(_softmax_last(y), d, x)
@@ -734,7 +726,7 @@ def one_sided_eot(
         raise ValueError("cost contains NaN or -inf (use +inf to forbid a key)")
     d = check_dim(dim, c.ndim)
     eps = check_positive(eps, "eps")
-    n_iter = _check_int(n_iter, "n_iter")
+    n_iter = check_int(n_iter, "n_iter")
     work = c.movedim(d, -1).to(torch.float64)
     active = torch.isfinite(work)
     log_prior = None
@@ -885,8 +877,8 @@ def sinkhorn_attention(
     x = as_float_tensor(scores, "scores", min_ndim=2)
     _check_scores(x, "scores")
     eps = check_positive(eps, "eps")
-    n_iter = _check_int(n_iter, "n_iter")
-    absorb_every = _check_int(absorb_every, "absorb_every")
+    n_iter = check_int(n_iter, "n_iter")
+    absorb_every = check_int(absorb_every, "absorb_every")
     if grad not in ("unrolled", "implicit"):
         raise ValueError(f"grad must be 'unrolled' or 'implicit'; got {grad!r}")
     M = x.to(_work_dtype(x)) / eps
