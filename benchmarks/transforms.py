@@ -3,6 +3,8 @@ and of Sinkhorn attention against a plain log-domain loop that syncs with the ho
 
     python benchmarks/transforms.py            # full run (about 3 minutes on 2 CPU cores)
     python benchmarks/transforms.py --quick    # small shape only, shorter Sinkhorn
+    python benchmarks/transforms.py --device cuda   # the same on a GPU (Newton rows added)
+    python benchmarks/transforms.py --threads 1     # one intra-op thread
 
 Every row reports the max abs error against a float64 reference; iterative baselines are given
 the fewest iterations that reach <= 1e-6 (equal accuracy), so no baseline is handicapped by doing
@@ -21,6 +23,7 @@ from torch.utils.benchmark import Timer
 from attnopt import transforms as T
 
 TARGET = 1e-6
+DEVICE = torch.device("cpu")
 
 
 def fwd_bwd(fn, x, g):
@@ -49,8 +52,8 @@ def fewest_iters(make, x, ref, choices):
 
 def transform_rows(shape, min_run_time, skip_slow):
     torch.manual_seed(0)
-    x = torch.randn(*shape)
-    g = torch.randn(*shape)
+    x = torch.randn(*shape).to(DEVICE)
+    g = torch.randn(*shape).to(DEVICE)
     x64 = x.double()
     refs = {
         "sparsemax": E.sparsemax(x64, dim=-1),
@@ -66,6 +69,13 @@ def transform_rows(shape, min_run_time, skip_slow):
         ("sparsemax (sort)", "entmax.sparsemax", lambda z: E.sparsemax(z, -1), lambda z: T.sparsemax(z, method="sort"), "sparsemax"),
         ("entmax15", "entmax.entmax15", lambda z: E.entmax15(z, -1), lambda z: T.entmax15(z), "entmax15"),
         ("entmax15 (sort)", "entmax.entmax15", lambda z: E.entmax15(z, -1), lambda z: T.entmax15(z, method="sort"), "entmax15"),
+    ]
+    if DEVICE.type != "cpu":  # "auto" means sort off the CPU: time the Newton path as well
+        cases += [
+            ("sparsemax (newton)", "entmax.sparsemax", lambda z: E.sparsemax(z, -1), lambda z: T.sparsemax(z, method="newton"), "sparsemax"),
+            ("entmax15 (newton)", "entmax.entmax15", lambda z: E.entmax15(z, -1), lambda z: T.entmax15(z, method="newton"), "entmax15"),
+        ]
+    cases += [
         (f"entmax α=1.5, n_iter={k_ours}", f"entmax_bisect n_iter={k_pkg}", lambda z: E.entmax_bisect(z, 1.5, -1, n_iter=k_pkg),
          lambda z: T.entmax(z, 1.5, n_iter=k_ours), "entmax15"),
         ("entmax α=1.5, default tol=1e-6", f"entmax_bisect n_iter={k_pkg}", lambda z: E.entmax_bisect(z, 1.5, -1, n_iter=k_pkg),
@@ -88,8 +98,8 @@ def sinkhorn_baseline(scores, eps, n_iter):
     """Plain log-domain Sinkhorn with a host-synced convergence check every iteration."""
     M = scores / eps
     n, m = M.shape[-2], M.shape[-1]
-    log_a = torch.full(M.shape[:-1], -torch.log(torch.tensor(float(n))).item(), dtype=M.dtype)
-    log_b = torch.full(M.shape[:-2] + (m,), -torch.log(torch.tensor(float(m))).item(), dtype=M.dtype)
+    log_a = torch.full(M.shape[:-1], -torch.log(torch.tensor(float(n))).item(), dtype=M.dtype, device=M.device)
+    log_b = torch.full(M.shape[:-2] + (m,), -torch.log(torch.tensor(float(m))).item(), dtype=M.dtype, device=M.device)
     f = torch.zeros_like(log_a)
     g = torch.zeros_like(log_b)
     for _ in range(n_iter):
@@ -103,8 +113,8 @@ def sinkhorn_baseline(scores, eps, n_iter):
 
 def sinkhorn_rows(shape, n_iter, min_run_time):
     torch.manual_seed(0)
-    s = torch.randn(*shape)
-    g = torch.randn(*shape)
+    s = torch.randn(*shape).to(DEVICE)
+    g = torch.randn(*shape).to(DEVICE)
     ref = sinkhorn_baseline(s.double(), 1.0, n_iter)
     rows = []
     base = lambda z: sinkhorn_baseline(z, 1.0, n_iter)
@@ -125,8 +135,15 @@ def sinkhorn_rows(shape, n_iter, min_run_time):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small transform shape and a smaller Sinkhorn batch only")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU; default: torch's)")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, float32, CPU\n")
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    where = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}, float32, {DEVICE}\n")
     rows = transform_rows((1024, 512), 0.5, skip_slow=False)
     if not args.quick:
         rows += transform_rows((64, 12, 128, 128), 0.05, skip_slow=False)

@@ -110,16 +110,16 @@ def _check_alpha(alpha) -> float:
 
 
 def _entmax_vjp(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    r"""Jacobian-vector product of every entmax: :math:`s\odot g - s\,\langle s,g\rangle/\sum s`.
+    r"""Jacobian-vector product of every entmax: :math:`s\odot(g - \langle s,g\rangle/\textstyle\sum s)`.
 
     ``s`` is :math:`p^{2-\alpha}` on the support and 0 off it (the indicator for sparsemax,
     :math:`\sqrt p` for 1.5-entmax, :math:`p` for softmax).  An all-zero row has ``s = 0`` and so
-    gets a zero gradient instead of 0/0.
+    gets a zero gradient instead of 0/0.  One temporary, updated in place (see
+    :func:`_threshold_newton` for why allocations matter here).
     """
-    sg = s * g
     total = s.sum(dim=-1, keepdim=True)
-    total = torch.where(total > 0, total, torch.ones_like(total))
-    return sg - s * (sg.sum(dim=-1, keepdim=True) / total)
+    coef = _rowdot(s, g) / torch.where(total > 0, total, torch.ones_like(total))
+    return (g - coef).mul_(s)
 
 
 def _resolve_method(method: str, x: torch.Tensor) -> str:
@@ -143,7 +143,7 @@ class _SoftmaxFunction(Function):
         p = torch.softmax(z, dim=-1)
         # An all -inf row comes out as NaN (0/0); define it as zeros.  The backward below then
         # gives it a zero gradient, since p = 0 on the whole row.
-        p = p.masked_fill(torch.isneginf(z.amax(dim=-1, keepdim=True)), 0.0)
+        p.masked_fill_(torch.isneginf(z.amax(dim=-1, keepdim=True)), 0.0)  # in place: no new tensor
         ctx.save_for_backward(p)
         return p
 
@@ -327,80 +327,122 @@ def _threshold_sort(y: torch.Tensor, power: int) -> torch.Tensor:
     return lam
 
 
-def _threshold_newton(y: torch.Tensor, power: int, n_steps: int = 6) -> torch.Tensor:
-    r"""Same threshold as :func:`_threshold_sort`, by Newton's method from below plus a certificate.
+def _threshold_newton(x: torch.Tensor, top: torch.Tensor, power: int, buf: torch.Tensor, max_steps: int = 12) -> torch.Tensor:
+    r"""The threshold of :func:`_threshold_sort`, in the units of ``x``, by Newton passes from below.
 
-    :math:`f(\lambda)=\sum_j[y_j-\lambda]_+^{power}-1` is convex and decreasing, so Newton steps
-    started at a lower bound increase monotonically to the root.  For ``power=1`` a step is
-    :math:`\lambda \leftarrow (\sum_{S}y_j-1)/|S|` (Michelot's algorithm), exact as soon as the support
-    :math:`S=\{y_j>\lambda\}` stops changing; for ``power=2`` the root on a fixed support is the
-    smaller root of a quadratic.  After ``n_steps`` passes each row checks that its support is
-    self-consistent; rows that are not (rare) are recomputed by sorting, so the result is exact.
+    With :math:`\theta` in the units of the scores, sparsemax is :math:`p=[x-\theta]_+` and 1.5-entmax
+    is :math:`p=[(x-\theta)/2]_+^2`, so :math:`\theta` solves
+    :math:`f(\theta)=\sum_j[x_j-\theta]_+^{power}=power^2`.  :math:`f` is convex and decreasing, so
+    Newton steps started at the lower bound :math:`\max_j x_j-power` increase monotonically to the
+    root, and the support :math:`S=\{x_j>\theta\}` shrinks to the true one.  For ``power=1`` a step
+    is Michelot's :math:`\theta\leftarrow(\sum_S x_j-1)/|S|`, the root on the current support, exact
+    as soon as :math:`S` stops changing.  For ``power=2`` the root on a fixed support is the smaller
+    root of a quadratic; it is taken once :math:`S` stops changing and certified by one more pass
+    (the support it gives must be the one it was computed on).  Rows that fail the certificate or
+    run out of steps (rare) are solved by sorting, so the result is exact.
+
+    Speed: every pass works in the preallocated buffer ``buf`` (shaped like ``x``) with in-place
+    operations, since on large inputs a fresh tensor per operation costs several times the
+    arithmetic (page faults).  On CPU, where a host synchronisation is free, rows whose support has
+    settled are retired after each pass and later passes touch only the unsettled rows; on other
+    devices every row takes ``max_steps`` passes and no pass synchronises.
     """
-    lam = torch.full_like(y[..., :1], -1.0)  # f(max - 1) >= 0 since max(y) = 0
-    if power == 1:
-        # The full-support solution is another lower bound; it is the answer for dense rows.
-        finite = torch.isfinite(y)
-        n = finite.sum(dim=-1, keepdim=True).clamp(min=1).to(y.dtype)
-        dense = (torch.where(finite, y, torch.zeros_like(y)).sum(dim=-1, keepdim=True) - 1) / n
-        lam = torch.maximum(lam, dense)
-    for _ in range(n_steps):
-        r = torch.clamp(y - lam, min=0)
+    target = float(power * power)
+    n = x.shape[-1]
+    rows, scratch = x.reshape(-1, n), buf.view(-1, n)
+    tops = top.reshape(-1, 1)
+    theta = tops - power  # f(max - power) >= power^2: the top key alone contributes that much
+    if power == 1 and n > 0 and bool(x.amin() > -torch.inf):
+        # The full-support solution is another lower bound, and the answer for dense rows.
+        theta = torch.maximum(theta, (rows.sum(dim=-1, keepdim=True) - 1) / n)
+
+    def moments(xa, th, out):  # sum of [x - th]_+, of its square (power 2), and the support size
+        s1 = torch.sub(xa, th, out=out).clamp_(min=0).sum(dim=-1, keepdim=True)
+        s2 = out.square_().sum(dim=-1, keepdim=True) if power == 2 else None
+        return s1, s2, out.sign_().sum(dim=-1, keepdim=True)
+
+    def root_on_support(th, s1, s2, size):
+        k = size.clamp(min=1)
         if power == 1:
-            size = torch.sign(r).sum(dim=-1, keepdim=True)
-            lam = lam + (r.sum(dim=-1, keepdim=True) - 1) / size.clamp(min=1)
-        else:
-            s1 = r.sum(dim=-1, keepdim=True)
-            # s1 > 0 on every live row (lam stays below the maximum); dead rows do not move.
-            step = ((r * r).sum(dim=-1, keepdim=True) - 1) / torch.where(s1 > 0, 2 * s1, torch.ones_like(s1))
-            lam = lam + torch.where(s1 > 0, step, torch.zeros_like(step))
-    # Certificate: recompute the exact root on the current support and check it keeps that support.
-    r = torch.clamp(y - lam, min=0)
-    size = torch.sign(r).sum(dim=-1, keepdim=True)
-    s1 = r.sum(dim=-1, keepdim=True)
-    k = size.clamp(min=1)
-    if power == 1:
-        delta = (s1 - 1) / k
+            return th + (s1 - 1) / k
+        return th + (s1 - torch.sqrt(torch.clamp(s1 * s1 - k * (s2 - target), min=0))) / k
+
+    def newton_step(th, s1, s2, size):
+        if power == 1:
+            return root_on_support(th, s1, s2, size)
+        live = s1 > 0  # dead (all -inf) rows do not move
+        return th + torch.where(live, (s2 - target) / torch.where(live, 2 * s1, 1.0), 0.0)
+
+    if x.device.type != "cpu":
+        for _ in range(max_steps):
+            theta = newton_step(theta, *moments(rows, theta, scratch))
+        s1, s2, size = moments(rows, theta, scratch)
+        result, sizes = root_on_support(theta, s1, s2, size), size
+        unsettled = torch.zeros_like(size, dtype=torch.bool).squeeze(-1)
     else:
-        s2 = (r * r).sum(dim=-1, keepdim=True)
-        delta = (s1 - torch.sqrt(torch.clamp(s1 * s1 - k * (s2 - 1), min=0))) / k
-    lam = lam + delta
-    ok = torch.sign(torch.clamp(y - lam, min=0)).sum(dim=-1, keepdim=True) == size
-    if not bool(ok.all()):  # one host sync per call, outside any loop
-        bad = ~ok.squeeze(-1)
-        lam = lam.clone()
-        lam[bad] = _threshold_sort(y[bad], power)
-    return lam
+        result, sizes = torch.empty_like(theta), torch.empty_like(theta)
+        active = torch.arange(len(rows), device=x.device)  # the rows still iterating
+        xa, th, previous = rows, theta, None
+        for _ in range(max_steps):
+            s1, s2, size = moments(xa, th, scratch[: len(xa)])
+            if previous is not None:
+                settled = (size == previous).squeeze(-1)
+                # Retiring rows copies the rest, so it waits until at least half have settled.
+                if 2 * int(settled.sum()) >= len(active):
+                    done = active[settled]
+                    result[done] = root_on_support(th[settled], s1[settled], s2[settled] if power == 2 else None, size[settled])
+                    sizes[done] = size[settled]
+                    keep = ~settled
+                    active, xa, th, s1, size = active[keep], xa[keep], th[keep], s1[keep], size[keep]
+                    s2 = s2[keep] if power == 2 else None
+                    if not len(active):
+                        break
+            th, previous = newton_step(th, s1, s2, size), size
+        unsettled = torch.zeros(len(rows), dtype=torch.bool, device=x.device)
+        unsettled[active] = True
+        result[active] = th
+    # Certificate (Michelot's settled rows on CPU are exact by construction and need none).
+    bad = unsettled
+    if power == 2 or x.device.type != "cpu":
+        count = torch.sub(rows, result, out=scratch).clamp_(min=0).sign_().sum(dim=-1, keepdim=True)
+        bad = bad | (count != sizes).squeeze(-1)
+    if bool(bad.any()):  # one host sync per call, outside any loop
+        y = (rows[bad] - tops[bad]) / power
+        result[bad] = tops[bad] + power * _threshold_sort(y, power)
+    return result.reshape(top.shape)
 
 
-class _SparsemaxFunction(Function):
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise inner product over the last dimension, keepdim; a batched matmul, no temporary."""
+    return torch.einsum("...i,...i->...", a, b).unsqueeze(-1)
+
+
+class _SparseEntmaxFunction(Function):
+    """Sparsemax (``power=1``) and 1.5-entmax (``power=2``): :math:`p=[(x-\\theta)/power]_+^{power}`."""
+
     @staticmethod
-    def forward(ctx, y, method):
-        y = y - _safe_max(y)
-        lam = _threshold_sort(y, 1) if method == "sort" else _threshold_newton(y, 1)
-        p = torch.clamp(y - lam, min=0)
+    def forward(ctx, x, power, method):
+        top = _safe_max(x)
+        if method == "sort":
+            y = (x - top) / power
+            p = torch.clamp(y - _threshold_sort(y, power), min=0)
+        else:
+            buf = torch.empty_like(x)
+            theta = _threshold_newton(x, top, power, buf)
+            p = torch.sub(x, theta, out=buf).clamp_(min=0)  # the buffer's pages are already mapped
+            if power == 2:
+                p.mul_(0.5)
+        if power == 2:
+            p = p.square_()
+        ctx.power = power
         ctx.save_for_backward(p)
         return p
 
     @staticmethod
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        return _entmax_vjp(torch.sign(p), grad), None
-
-
-class _Entmax15Function(Function):
-    @staticmethod
-    def forward(ctx, x, method):
-        y = (x - _safe_max(x)) / 2
-        lam = _threshold_sort(y, 2) if method == "sort" else _threshold_newton(y, 2)
-        p = torch.clamp(y - lam, min=0) ** 2
-        ctx.save_for_backward(p)
-        return p
-
-    @staticmethod
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        return _entmax_vjp(torch.sqrt(p), grad), None
+        # s = p^(2 - alpha): the support indicator for sparsemax, sqrt(p) for 1.5-entmax.
+        return _entmax_vjp(torch.sign(p) if ctx.power == 1 else torch.sqrt(p), grad), None, None
 
 
 def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> torch.Tensor:
@@ -431,7 +473,7 @@ def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> t
     """
     x, d = _prepare(scores, dim)
     y = _to_last(x, d)
-    return _from_last(_SparsemaxFunction.apply(y, _resolve_method(method, y)), d, x)
+    return _from_last(_SparseEntmaxFunction.apply(y, 1, _resolve_method(method, y)), d, x)
 
 
 def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> torch.Tensor:
@@ -457,7 +499,7 @@ def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> to
     """
     x, d = _prepare(scores, dim)
     y = _to_last(x, d)
-    return _from_last(_Entmax15Function.apply(y, _resolve_method(method, y)), d, x)
+    return _from_last(_SparseEntmaxFunction.apply(y, 2, _resolve_method(method, y)), d, x)
 
 
 # --------------------------------------------------------------------------------------------

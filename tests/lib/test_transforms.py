@@ -102,6 +102,28 @@ def test_sparsemax_and_entmax15_match_entmax_package(method, scale):
     assert torch.allclose(T.entmax15(x, method=method), entmax_pkg.entmax15(x, dim=-1), atol=1e-12)
 
 
+@pytest.mark.parametrize("power", [1, 2])
+@pytest.mark.parametrize("max_steps", [1, 3, 12])
+def test_newton_threshold_is_exact_with_retired_rows_and_fallback(power, max_steps):
+    # Many rows at mixed scales (supports from 1 to dense), some with -inf keys and a dead row:
+    # rows settle after different numbers of passes, so retirement is exercised; max_steps=1 leaves
+    # most rows unsettled, so the sorting fallback must finish them.  Reference: sorting.
+    g = torch.Generator().manual_seed(power * 100 + max_steps)
+    scale = torch.logspace(-2, 1.5, 2000, dtype=torch.float64).unsqueeze(-1)
+    x = torch.randn(2000, 96, generator=g, dtype=torch.float64) * scale
+    x[::7, ::5] = NEG_INF
+    x[11] = NEG_INF
+    x[12] = 0.0  # ties: a uniform row
+    top = T._safe_max(x)
+    theta = T._threshold_newton(x, top, power, torch.empty_like(x), max_steps=max_steps)
+    reference = top + power * T._threshold_sort((x - top) / power, power)
+    live = torch.isfinite(x).any(dim=-1)
+    torch.testing.assert_close(theta[live], reference[live], atol=1e-12, rtol=0)
+    p = torch.clamp((x - theta) / power, min=0) ** power
+    torch.testing.assert_close(p[live].sum(-1), torch.ones(int(live.sum()), dtype=x.dtype), atol=1e-12, rtol=0)
+    assert (p[~live] == 0).all()
+
+
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_entmax_matches_entmax_bisect(alpha):
     x = rand(32, 20, seed=8, scale=2.0)

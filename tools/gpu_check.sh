@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU checks of the course, in one go: the CUDA test subset, the whole library suite under the
+# machine's own torch, and every benchmark on the GPU.  Logs go to $OUT (default _build/gpu).
+#
+#   OUT=_build/gpu bash tools/gpu_check.sh [quick]
+#
+# Wheels for packages the GPU machine lacks (entmax, POT) may be placed in .whl/ beforehand; they
+# are installed into a private target, nothing system-wide.  Steps run in order of importance and
+# each has its own time limit, so a short lease still returns the most useful numbers first.
+set -uo pipefail
+OUT=${OUT:-_build/gpu}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, report the status
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "[$name] rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
+  tail -n 4 "$OUT/$name.log"
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+  nproc; } > "$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
+step cuda_tests 240 $PY -m pytest tests/lib -m cuda -q -p no:cacheprovider
+step transforms 240 $PY benchmarks/transforms.py --device cuda ${1:+--quick}
+step dual_solver 120 $PY benchmarks/dual_solver.py --device cuda --clock wall
+for b in continuous mixture; do
+  if grep -q -- '--device' "benchmarks/$b.py"; then step "$b" 180 $PY "benchmarks/$b.py" --device cuda; fi
+done
+if [ -z "${1:-}" ]; then
+  step lib_tests_cpu 300 $PY -m pytest tests/lib -q -p no:cacheprovider -x -n 8
+fi
