@@ -12,7 +12,7 @@ HTML := $(BUILD_DIR)/_build/html
 export ATTNOPT_BUILD_DIR := $(BUILD_DIR)
 JB_FLAGS := --all -W -n --keep-going
 
-.PHONY: book test lab install notebooks html student-book pdf clean
+.PHONY: book test lab install notebooks html student-book pdf assignments clean
 
 # The environment is (re)installed when it is missing or the pins change.
 $(STAMP): requirements.txt pyproject.toml
@@ -44,12 +44,18 @@ pdf: html
 	$(BIN)/python tools/pdf.py $(BUILD_DIR) $(BUILD_DIR)/book.pdf
 	@echo "The PDF is at $(abspath $(BUILD_DIR))/book.pdf"
 
+# nbgrader's student versions of the assignments: assignments/ is copied to $(BUILD_DIR)/assignments
+# (a course directory; its gradebook and submissions are kept) and `nbgrader generate_assignment`
+# writes the release versions there (see tools/assignments.py and the instructor's guide).
+assignments: $(STAMP)
+	$(BIN)/python tools/assignments.py $(BUILD_DIR)/assignments
+
 book: html
 	@echo ""
 	@echo "The book is at $(abspath $(HTML))/index.html"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests/lib tests/conventions
+	$(BIN)/python -m pytest tests/lib tests/conventions tests/assignments
 	$(MAKE) pdf student-book
 	$(BIN)/python -m pytest tests/book
 

@@ -1,0 +1,92 @@
+"""Make the student (release) versions of the nbgrader assignments.
+
+``assignments/`` is an nbgrader course directory holding only what is written by hand: the
+source notebooks (``source/<assignment>/<notebook>.ipynb``, with solutions and hidden tests) and
+``nbgrader_config.py``. This script copies both into a course directory under the build folder
+(``_build/assignments`` for ``make assignments``) and runs ``nbgrader generate_assignment`` there
+for every assignment, so that nothing generated lands in git. What nbgrader keeps in that course
+directory (``gradebook.db``, ``submitted/``, ``autograded/``, ``feedback/``) is left in place, so
+the same directory can be used to collect and grade a class.
+
+Usage: python tools/assignments.py [COURSE_DIR]   (default: $ATTNOPT_BUILD_DIR/assignments)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "assignments"
+
+
+def nbgrader_command() -> list[str]:
+    """The nbgrader of the environment running this script (the venv's, under make)."""
+    exe = Path(sys.executable).with_name("nbgrader")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "nbgrader"]
+
+
+def nbgrader_env() -> dict[str, str]:
+    """The environment with this interpreter's bin folder first on PATH: nbgrader runs ``alembic``
+    (to check its database schema) and ``python`` kernels from PATH, so an environment that is not
+    activated would otherwise fail or use another Python."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def assignment_names(course: Path = SOURCE) -> list[str]:
+    return sorted(p.name for p in (course / "source").iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
+
+
+def stage(course: Path) -> None:
+    """Copy the sources and the configuration into ``course``, replacing older copies of them."""
+    course.mkdir(parents=True, exist_ok=True)
+    if (course / "source").exists():
+        shutil.rmtree(course / "source")
+    shutil.copytree(SOURCE / "source", course / "source", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    shutil.copy2(SOURCE / "nbgrader_config.py", course / "nbgrader_config.py")
+
+
+def generate(course: Path, quiet: bool = False) -> dict[str, Path]:
+    """Run ``nbgrader generate_assignment`` on every assignment; return the release folders.
+
+    One nbgrader run does them all (the assignment argument is a glob; its start-up is most of
+    the time an assignment takes); it also records each assignment, with its tests and points,
+    in the course's ``gradebook.db``.
+    """
+    course = course.resolve()
+    names = assignment_names(course)
+    for stale in (course / "release").glob("*"):  # releases of assignments that were removed
+        if stale.is_dir() and stale.name not in names:
+            shutil.rmtree(stale)
+    subprocess.run(
+        [*nbgrader_command(), "generate_assignment", "*", "--force", f"--CourseDirectory.root={course}"]
+        + (["--log-level=WARN"] if quiet else []),
+        cwd=course,
+        env=nbgrader_env(),
+        check=True,
+    )
+    return {name: course / "release" / name for name in names}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = ROOT / os.environ.get("ATTNOPT_BUILD_DIR", "_build") / "assignments"
+    parser.add_argument("course", nargs="?", type=Path, default=default, help="course directory to (re)generate")
+    args = parser.parse_args(argv)
+    stage(args.course)
+    released = generate(args.course)
+    print()
+    for name, path in released.items():
+        notebooks = ", ".join(sorted(p.name for p in path.glob("*.ipynb")))
+        print(f"{name}: {path.resolve()} ({notebooks})")
+    print(f"\nThe release versions are in {(args.course / 'release').resolve()}")
+
+
+if __name__ == "__main__":
+    main()
