@@ -9,8 +9,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import integrate, stats
+from scipy import integrate, special, stats
 
+from attnopt import continuous as C
 from attnopt.continuous import (
     DEFAULT_N_QUADRATURE,
     ContinuousAttention,
@@ -279,13 +280,15 @@ def test_sparsemax_default_rule_error_below_1e8_vs_dblquad():
     assert e[1] < e[0] ** 1.5 and e[2] < max(e[1] ** 1.5, 1e-13)
 
 
-@pytest.mark.parametrize("D", [1, 2])
-def test_sparsemax_gradcheck(D):
+@pytest.mark.parametrize("D, rule", [(1, {}), (2, {"n_quadrature": 64}), (2, {"tol": 1e-13})])
+def test_sparsemax_gradcheck(D, rule):
+    # the adaptive rule's choices (closed forms, windows, node counts) change the output by at most
+    # tol * s_b across a finite-difference step: tol = 1e-13 keeps that far below gradcheck's atol
     gen = torch.Generator().manual_seed(10 + D)
     basis = GaussianRBF.grid(3, [0.1, 0.3], dim=D, dtype=F64)
     mu = (0.5 + 0.1 * torch.randn(2, D, generator=gen, dtype=F64)).requires_grad_()
     S = rand_spd(2, D, gen).requires_grad_()
-    f = lambda m, A: continuous_sparsemax(m, 0.5 * (A + A.transpose(-1, -2)), basis, n_quadrature=64)  # noqa: E731
+    f = lambda m, A: continuous_sparsemax(m, 0.5 * (A + A.transpose(-1, -2)), basis, **rule)  # noqa: E731
     assert torch.autograd.gradcheck(f, (mu, S))
 
 
@@ -322,6 +325,212 @@ def test_sparsemax_is_a_sub_expectation_of_softmax_like_quantities(seed, D):
     torch.testing.assert_close(r, one, rtol=1e-12, atol=1e-14)
     shared = continuous_sparsemax(mu, S[0], basis, n_quadrature=96)  # Sigma broadcast over the batch
     torch.testing.assert_close(shared[0], r[0], rtol=1e-12, atol=1e-14)
+
+
+# ------------------------------------------------------------------------------------------------
+# the adaptive angular rule of 2D continuous sparsemax
+# ------------------------------------------------------------------------------------------------
+
+
+def slice_reference(mu, Sigma, basis, epsrel=1e-12):
+    """An independent reference for every basis function j, by Cartesian slices of the ellipse E:
+
+    r_j = int_E p psi_j and the moments int_E (t - mu)^(k) psi_j, k <= 2, as ``(7, N)`` rows
+    [r, m0, m1_x, m1_y, m2_xx, m2_xy, m2_yy].  For fixed t1 the t2-integral of a quadratic times the
+    conditional Gaussian of psi_j is in closed form (truncated normal moments); SciPy's quad_vec
+    integrates over t1.  (No polar coordinates, no unit disk, no trapezoid rule.)
+    """
+    mu, Sigma = mu.numpy(), Sigma.numpy()
+    C, V = basis.centers.numpy(), basis.covariance.numpy()
+    Si, ml = np.linalg.inv(Sigma), np_minus_lambda(Sigma)
+    wx = math.sqrt(2 * ml * Sigma[0, 0])
+    v00, v01, v11 = V[:, 0, 0], V[:, 0, 1], V[:, 1, 1]
+    s = np.sqrt(v11 - v01**2 / v00)
+    root2pi = math.sqrt(2 * math.pi)
+
+    def f(x):
+        dx = x - mu[0]
+        qa, qb, qc = Si[1, 1], 2 * Si[0, 1] * dx, Si[0, 0] * dx * dx - 2 * ml
+        disc = math.sqrt(max(qb * qb - 4 * qa * qc, 0.0))
+        lo, hi = (-qb - disc) / (2 * qa), (-qb + disc) / (2 * qa)  # e = t2 - mu2 on the chord of E
+        m = C[:, 1] + v01 / v00 * (x - C[:, 0]) - mu[1]  # conditional mean of e given t1 = x
+        nx = np.exp(-0.5 * (x - C[:, 0]) ** 2 / v00) / np.sqrt(2 * np.pi * v00)
+        a, b = (lo - m) / s, (hi - m) / s
+        P = np.where(a > 0, special.ndtr(-a) - special.ndtr(-b), special.ndtr(b) - special.ndtr(a))
+        pa, pb = np.exp(-0.5 * a * a) / root2pi, np.exp(-0.5 * b * b) / root2pi
+        E1 = m * P + s * (pa - pb)
+        E2 = m * m * P + 2 * m * s * (pa - pb) + s * s * (P + a * pa - b * pb)
+        p = ml * P - 0.5 * (Si[0, 0] * dx * dx * P + 2 * Si[0, 1] * dx * E1 + Si[1, 1] * E2)  # eq. (3.14)
+        return nx * np.stack([p, P, dx * P, E1, dx * dx * P, dx * E1, E2])
+
+    pts = [x for x in C[:, 0] if abs(x - mu[0]) < wx]
+    val, _ = integrate.quad_vec(f, mu[0] - wx, mu[0] + wx, epsabs=0, epsrel=epsrel, points=pts, limit=10000, norm="max")
+    return torch.tensor(val)
+
+
+def grads_from_moments(ref, g, mu, Sigma):
+    """(mu, Sigma)-gradient of <g, r> by differentiating under the integral (p = 0 on the boundary of E,
+    lambda proportional to det(Sigma)^(-1/4)): d/dmu = Sigma^-1 int (t - mu) psi,
+    d/dSigma = int (lambda / 4 Sigma^-1 + 1/2 Sigma^-1 (t - mu)(t - mu)^T Sigma^-1) psi."""
+    G = ref[1:] @ g
+    Si = torch.linalg.inv(Sigma)
+    lam = -np_minus_lambda(Sigma.numpy())
+    m2 = torch.stack([torch.stack([G[3], G[4]]), torch.stack([G[4], G[5]])])
+    return Si @ G[1:3], lam / 4 * G[0] * Si + 0.5 * Si @ m2 @ Si
+
+
+GRID14 = grid_locations(14, dtype=F64)
+VQA_BASIS = GaussianRBF.grid(10, 0.001**0.5, dim=2, dtype=F64)  # Table 6.1 of the thesis
+
+
+def hard_case(name):
+    """Ellipses moment-matched from attention over the 14 x 14 grid that need the most angular nodes."""
+    w = torch.full((196,), 1e-3, dtype=F64)
+    if name == "near_uniform":  # the widest ellipse
+        w = 1 + 0.05 * torch.rand(196, generator=torch.Generator().manual_seed(0), dtype=F64)
+    elif name == "four_corners":  # mass piled on the corners: an ellipse far larger than the image
+        w[[0, 13, 182, 195]] = 1.0
+    elif name == "two_corners":  # a needle along the diagonal
+        w[[0, 195]] = 1.0
+    elif name == "one_corner":  # a small ellipse in a corner, half of it outside the basis grid
+        w[[0, 1, 14]] = 1.0
+    elif name == "benchmark":  # an ellipse of benchmarks/continuous.py
+        centre, width = torch.tensor([0.7, 0.35], dtype=F64), 0.06
+        w = torch.softmax(-((GRID14 - centre) ** 2).sum(-1) / (2 * width**2), -1)
+    return moment_match(w, GRID14, "truncated_paraboloid")
+
+
+HARD = ["near_uniform", "four_corners", "two_corners", "one_corner", "benchmark"]
+
+
+@pytest.fixture(scope="module")
+def hard_refs():
+    return {name: slice_reference(*hard_case(name), VQA_BASIS) for name in HARD}
+
+
+def test_slice_reference_agrees_with_dblquad(hard_refs):
+    mu, Sigma = hard_case("one_corner")
+    j = int(hard_refs["one_corner"][0].argmax())
+    tp, psi = make_tp(mu.numpy(), Sigma.numpy()), make_psi(VQA_BASIS.centers[j].numpy(), VQA_BASIS.covariance[j].numpy())
+    ref = ellipse_dblquad(lambda x, y: tp([x, y]) * psi([x, y]), mu.numpy(), Sigma.numpy(), epsrel=1e-12, epsabs=1e-14)
+    assert hard_refs["one_corner"][0, j].item() == pytest.approx(ref, rel=1e-11)
+
+
+@pytest.mark.parametrize("name", HARD)
+def test_default_rule_matches_scipy_on_hard_cases(name, hard_refs):
+    """The default (adaptive) rule: forward and gradient within 1e-8 of the SciPy reference."""
+    mu, Sigma = hard_case(name)
+    ref = hard_refs[name]
+    g = torch.randn(VQA_BASIS.n_basis, generator=torch.Generator().manual_seed(7), dtype=F64)
+    m, S = mu.clone().requires_grad_(), Sigma.clone().requires_grad_()
+    r = continuous_sparsemax(m, S, VQA_BASIS)
+    (r * g).sum().backward()
+    assert ((r.detach() - ref[0]).norm() / ref[0].norm()).item() < 1e-8
+    want_mu, want_S = grads_from_moments(ref, g, mu, Sigma)
+    assert ((m.grad - want_mu).norm() / want_mu.norm()).item() < 1e-8
+    assert ((S.grad - want_S).norm() / want_S.norm()).item() < 1e-8
+
+
+@pytest.mark.parametrize("tol", [1e-4, 1e-7, 1e-10])
+def test_adaptive_error_is_within_tol(tol):
+    """Every moment entry within tol * s_b (s_b = max_j U0), against the fixed rule at 8192 nodes (which
+    matches SciPy to round-off, see above); the returned error estimate is below tol as well."""
+    mus, Sigmas = zip(*(hard_case(name) for name in HARD))
+    mu, Sigma = torch.stack(mus), torch.stack(Sigmas)
+    mu_f, Sigma_f, centers, cov, _, _ = C._prepare(mu, Sigma, VQA_BASIS, "test")
+    _, minus_lam, _, pair = C._setup_2d(mu_f, Sigma_f, centers, cov)
+    *U, info = C._ball_moments_2d_adaptive(pair, tol, C.DEFAULT_MAX_QUADRATURE)
+    ref = C._ball_moments_2d(pair, 8192)
+    assert info["unconverged"] == 0 and info["max_error_estimate"] <= tol
+    assert info["closed_form"] > 0 and info["skipped"] > 0 and info["quadrature"] > 0  # all three paths ran
+    s_b = ref[0].amax(-1)
+    for u, u_ref in zip(U, ref):
+        err = (u - u_ref).abs().flatten(2) if u.ndim > 2 else (u - u_ref).abs()[..., None]
+        assert (err.amax((1, 2)) <= tol * s_b).all()
+    r = continuous_sparsemax(mu, Sigma, VQA_BASIS, tol=tol)
+    r_ref = continuous_sparsemax(mu, Sigma, VQA_BASIS, n_quadrature=8192)
+    assert (((r - r_ref).norm(dim=-1) / r_ref.norm(dim=-1)) <= 10 * tol).all()
+
+
+def test_adaptive_rule_in_float32_and_node_count():
+    """float32 with its default tolerance: within 1e-5 of the float64 reference, with far fewer
+    angular nodes than the fixed 256 of earlier versions."""
+    mus, Sigmas = zip(*(hard_case(name) for name in HARD))
+    mu, Sigma = torch.stack(mus), torch.stack(Sigmas)
+    basis32 = GaussianRBF.grid(10, 0.001**0.5, dim=2, dtype=torch.float32)
+    r32 = continuous_sparsemax(mu.float(), Sigma.float(), basis32)
+    assert r32.dtype == torch.float32
+    r_ref = continuous_sparsemax(mu, Sigma, VQA_BASIS, n_quadrature=8192)
+    assert (((r32.double() - r_ref).norm(dim=-1) / r_ref.norm(dim=-1)) < 1e-5).all()
+    mu_f, Sigma_f, centers, cov, _, _ = C._prepare(mu.float(), Sigma.float(), basis32, "test")
+    info = C._ball_moments_2d_adaptive(C._setup_2d(mu_f, Sigma_f, centers, cov)[-1], C._default_tol(torch.float32), 4096)[-1]
+    assert info["unconverged"] == 0 and info["nodes"] < 64 * info["pairs"]
+
+
+def np_periodic_rule(n, mu, Sigma, c, V):
+    """r_j by the periodic trapezoid rule with n nodes on the angular integrand, written in NumPy
+    (unit disk, radial integral by truncated Gaussian moments), independently of the library."""
+    lam = -np_minus_lambda(Sigma)
+    Minv = np.linalg.inv(math.sqrt(-2 * lam) * np.linalg.cholesky(Sigma))
+    mt, P = Minv @ (c - mu), np.linalg.inv(Minv @ V @ Minv.T)
+    phi = 2 * np.pi * np.arange(n) / n
+    a = np.stack([np.cos(phi), np.sin(phi)])
+    A, b = np.einsum("in,ij,jn->n", a, P, a), a.T @ (P @ mt)
+    s2 = 1 / A
+    s, r0 = np.sqrt(s2), b * s2
+    Cn = math.sqrt(np.linalg.det(P)) / (2 * math.pi) * np.exp(-0.5 * (mt @ P @ mt - b * b / A))
+    lo, hi = -r0 / s, (1 - r0) / s
+    I0 = 0.5 * (special.erf(hi / math.sqrt(2)) - special.erf(lo / math.sqrt(2)))
+    N0, N1 = np.exp(-0.5 * lo**2) / (math.sqrt(2 * math.pi) * s), np.exp(-0.5 * hi**2) / (math.sqrt(2 * math.pi) * s)
+    I1 = r0 * I0 + s2 * (N0 - N1)
+    I2 = r0 * I1 + s2 * (I0 - N1)
+    I3 = r0 * I2 + s2 * (2 * I1 - N1)
+    return (-lam * Cn * math.sqrt(2 * math.pi) * s * (I1 - I3)).sum() * 2 * np.pi / n
+
+
+@pytest.mark.parametrize("n", [7, 40])
+def test_fixed_rule_is_the_periodic_trapezoid_rule(n):
+    """n_quadrature=n still gives the plain periodic rule T_n for every pair (not the adaptive one)."""
+    mu, Sigma = MU2.numpy(), SIGMA2.numpy()
+    b = basis2()
+    r = continuous_sparsemax(MU2, SIGMA2, b, n_quadrature=n)
+    want = [np_periodic_rule(n, mu, Sigma, b.centers[j].numpy(), b.covariance[j].numpy()) for j in range(3)]
+    torch.testing.assert_close(r, torch.tensor(want, dtype=F64), rtol=1e-13, atol=1e-15)
+
+
+def test_adaptive_rule_warns_at_the_node_cap():
+    mu, Sigma = hard_case("two_corners")
+    with pytest.warns(RuntimeWarning, match="max_quadrature=16"):
+        continuous_sparsemax(mu, Sigma, VQA_BASIS, tol=1e-12, max_quadrature=16)
+
+
+def test_continuous_attention_passes_the_rule():
+    basis, loc = GaussianRBF.grid(5, 0.1, dim=2, dtype=F64), grid_locations(8, dtype=F64)
+    scores = torch.randn(3, 64, generator=torch.Generator().manual_seed(5), dtype=F64)
+    values = torch.randn(3, 64, 4, generator=torch.Generator().manual_seed(6), dtype=F64)
+    mu, Sigma = moment_match(torch.softmax(scores, -1), loc, "truncated_paraboloid")
+    B = ridge_value_function(values, loc, basis, 0.01)
+    for kwargs in ({}, {"tol": 1e-6}, {"n_quadrature": 32}):
+        att = ContinuousAttention(basis, loc, family="truncated_paraboloid", **kwargs)
+        r = continuous_sparsemax(mu, Sigma, basis, **kwargs)
+        torch.testing.assert_close(att(scores, values), (B @ r.unsqueeze(-1)).squeeze(-1), rtol=1e-12, atol=1e-12)
+    assert ContinuousAttention(basis, loc).n_quadrature is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_adaptive_rule_on_cuda_matches_cpu():
+    mus, Sigmas = zip(*(hard_case(name) for name in HARD))
+    mu, Sigma = torch.stack(mus), torch.stack(Sigmas)
+    g = torch.randn(len(HARD), 100, generator=torch.Generator().manual_seed(8), dtype=F64)
+    basis_gpu = GaussianRBF(VQA_BASIS.centers.cuda(), covariance=VQA_BASIS.covariance.cuda())
+    cpu = our_grads(lambda m, S: continuous_sparsemax(m, S, VQA_BASIS), mu, Sigma, g)
+    gpu = our_grads(lambda m, S: continuous_sparsemax(m, S, basis_gpu), mu.cuda(), Sigma.cuda(), g.cuda())
+    for a, b in zip(gpu, cpu):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-9, atol=1e-12)
+    r_cpu = continuous_sparsemax(mu.float(), Sigma.float(), GaussianRBF.grid(10, 0.001**0.5, dim=2))
+    r_gpu = continuous_sparsemax(mu.float().cuda(), Sigma.float().cuda(), GaussianRBF.grid(10, 0.001**0.5, dim=2, device="cuda"))
+    torch.testing.assert_close(r_gpu.cpu(), r_cpu, rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -512,6 +721,17 @@ def test_bad_inputs_raise_clear_errors():
         continuous_sparsemax(mu, good, basis, n_quadrature=0)
     with pytest.raises(TypeError, match="n_quadrature"):
         continuous_sparsemax(mu, good, basis, n_quadrature=2.5)
+    for tol in (0.0, -1e-8, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="tol"):
+            continuous_sparsemax(mu, good, basis, tol=tol)
+    with pytest.raises(ValueError, match="tol applies to the adaptive rule"):
+        continuous_sparsemax(mu, good, basis, n_quadrature=64, tol=1e-8)
+    with pytest.raises(ValueError, match="max_quadrature"):
+        continuous_sparsemax(mu, good, basis, max_quadrature=4)
+    with pytest.raises(TypeError, match="max_quadrature"):
+        continuous_sparsemax(mu, good, basis, max_quadrature=100.0)
+    with pytest.raises(ValueError, match="tol"):
+        ContinuousAttention(basis, grid_locations(4, dtype=F64), family="truncated_paraboloid", tol=0.0)
     with pytest.raises(ValueError, match="dimension"):
         continuous_softmax(torch.zeros(3, dtype=F64), torch.eye(3, dtype=F64), basis)
     with pytest.raises(ValueError, match="D in"):
