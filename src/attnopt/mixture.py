@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ._validation import as_float_tensor, check_finite, check_int, check_positive, check_shape_match
-from .continuous import GaussianRBF, continuous_softmax, ridge_value_function
+from .continuous import GaussianRBF, _ridge_operator, continuous_softmax
 
 __all__ = [
     "MultimodalContinuousAttention",
@@ -105,9 +105,19 @@ def _gaussian_log_prob(points: torch.Tensor, means: torch.Tensor, covariances: t
     """``(..., N, K)`` values of :math:`\\log\\mathcal N(t_n;\\mu_k,\\Sigma_k)`.
 
     ``points`` ``(..., N, D)``, ``means`` ``(..., K, D)``, ``covariances`` ``(..., K, D, D)``.
-    ``cholesky_ex`` is used (no host synchronization); the covariances are SPD by construction.
+    For ``D = 2`` the inverse and the determinant are in closed form (elementwise, much faster than
+    batched 2x2 triangular solves); otherwise ``cholesky_ex`` is used (no host synchronization).  The
+    covariances are SPD by construction.
     """
     d = points.shape[-1]
+    if d == 2:
+        a, b, c = (covariances[..., i, j].unsqueeze(-1) for i, j in ((0, 0), (0, 1), (1, 1)))  # (..., K, 1)
+        det = a * c - b * b
+        dx = points[..., 0].unsqueeze(-2) - means[..., 0].unsqueeze(-1)  # (..., K, N)
+        dy = points[..., 1].unsqueeze(-2) - means[..., 1].unsqueeze(-1)
+        maha = (c * dx * dx - 2.0 * b * dx * dy + a * dy * dy) / det
+        logp = -0.5 * (maha + torch.log(det)) - math.log(2.0 * math.pi)
+        return logp.transpose(-1, -2)
     chol, _ = torch.linalg.cholesky_ex(covariances)  # (..., K, D, D)
     diff = points.unsqueeze(-3) - means.unsqueeze(-2)  # (..., K, N, D)
     z = torch.linalg.solve_triangular(chol, diff.transpose(-1, -2), upper=False)  # (..., K, D, N)
@@ -555,8 +565,9 @@ class MultimodalContinuousAttention(nn.Module):
        :func:`select_components` (test-MCA, ``n_components="auto"``);
     3. :math:`r_k=\mathbb E_{\mathcal N(\mu_k,\Sigma_k)}[\psi(t)]` by
        :func:`~attnopt.continuous.continuous_softmax`, :math:`r=\sum_k\pi_kr_k` (eq. (5.4));
-    4. :math:`B` by :func:`~attnopt.continuous.ridge_value_function` (one :math:`B` shared by all
-       components) and the context :math:`c=Br=\sum_k\pi_kBr_k` (eq. (5.5)).
+    4. :math:`B=HG` by ridge regression as in :func:`~attnopt.continuous.ridge_value_function` (one
+       :math:`B` shared by all components; :math:`G` is computed once, at construction) and the
+       context :math:`c=Br=\sum_k\pi_kBr_k` (eq. (5.5)).
 
     Gradients: with ``differentiate_em=True`` (default) autograd goes through the unrolled EM
     iterations to the scores, as in the thesis's end-to-end K-MCA training; with ``False`` the
@@ -620,6 +631,11 @@ class MultimodalContinuousAttention(nn.Module):
             raise ValueError(f"n_components/max_components={self.max_components} exceeds the number of locations {locations.shape[0]}")
         self.register_buffer("locations", locations.to(dtype=basis.centers.dtype, device=basis.centers.device))
         self.register_buffer("padding", None if padding is None else as_float_tensor(padding, "padding", min_ndim=2).to(self.locations))
+        # G of eq. (3.17) depends only on the basis, the locations and the penalty: computed once (in
+        # the basis's dtype, as ContinuousAttention does); not saved in the state dict, being derived
+        self.register_buffer(
+            "ridge_operator", _ridge_operator(self.locations, basis, self.penalty, self.padding), persistent=False
+        )
 
     def fit_mixture(self, weights: torch.Tensor):
         """``(mixing, means, covariances)`` of the mixture fitted to ``(..., L)`` weights."""
@@ -647,7 +663,7 @@ class MultimodalContinuousAttention(nn.Module):
                 mixing, means, covs = self.fit_mixture(w.detach())
         r_k = continuous_softmax(means, covs, self.basis)  # (..., K, N)
         r = torch.einsum("...k,...kn->...n", mixing, r_k)  # eq. (5.4)
-        B = ridge_value_function(values, self.locations, self.basis, self.penalty, padding=self.padding)
+        B = torch.einsum("...ld,ln->...dn", values, self.ridge_operator.to(values))  # eq. (3.17)
         context = (B @ r.to(values.dtype).unsqueeze(-1)).squeeze(-1)  # eq. (5.5)
         return (context, (mixing, means, covs)) if return_mixture else context
 

@@ -363,6 +363,43 @@ def test_module_detached_em_gives_no_score_gradient():
     assert v.grad.abs().max() > 0
 
 
+@pytest.mark.parametrize("dtype, padded", [(F64, False), (F64, True), (torch.float32, True)])
+def test_module_precomputed_ridge_operator_matches_ridge_value_function(dtype, padded):
+    """The ridge operator is computed once at construction; the context equals the old path, which
+    called ridge_value_function on every forward (same basis dtype as the inputs)."""
+    from attnopt.continuous import continuous_softmax, padding_locations
+
+    basis = GaussianRBF.grid(6, 0.08, dim=2, dtype=dtype)
+    locs = grid_locations(14, dtype=dtype)
+    pad = padding_locations(14, dtype=dtype) if padded else None
+    g = torch.Generator().manual_seed(4)
+    s = torch.randn(3, 196, generator=g, dtype=F64).to(dtype)
+    v = torch.randn(3, 196, 5, generator=g, dtype=F64).to(dtype)
+    mm = MultimodalContinuousAttention(basis, locs, 2, padding=pad)
+    c, (pi, mu, Sigma) = mm(s, v, return_mixture=True)
+    r = torch.einsum("bk,bkn->bn", pi, continuous_softmax(mu, Sigma, basis))
+    B = ridge_value_function(v, locs, basis, 0.01, padding=pad)
+    tol = {"rtol": 1e-12, "atol": 1e-13} if dtype == F64 else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(c, (B @ r.unsqueeze(-1)).squeeze(-1), **tol)
+    assert "ridge_operator" not in mm.state_dict()  # derived, not saved
+    assert mm.double().ridge_operator.dtype == F64  # the buffer follows the module
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gaussian_log_prob_2d_closed_form_matches_scipy(seed):
+    from scipy import stats
+
+    from attnopt.mixture import _gaussian_log_prob
+
+    x = _blobs(seed)
+    init = _random_init(x, 3, seed)
+    covs = init["covariances"]
+    covs[1] = torch.tensor([[1.0, 0.999], [0.999, 1.0]], dtype=F64) * 1e-2  # nearly degenerate
+    got = _gaussian_log_prob(x, init["means"], covs)
+    want = np.stack([stats.multivariate_normal(init["means"][k].numpy(), covs[k].numpy()).logpdf(x.numpy()) for k in range(3)], -1)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-9)
+
+
 def test_float32_runs():
     basis = GaussianRBF.grid(6, 0.05)
     mm = MultimodalContinuousAttention(basis, grid_locations(14), 2)
