@@ -836,6 +836,11 @@ def _ray_terms(prm, phi):
     return out
 
 
+def _sum_last(x):
+    """``x.sum(-1)`` as a matrix-vector product: about twice as fast for the short rows used here."""
+    return torch.matmul(x, x.new_ones(x.shape[-1]))
+
+
 def _moments_from_entries(E):
     """``(U0, U1 (..., 2), U2 (..., 2, 2))`` from ``E = [U0, U1x, U1y, tr U2, (U2)xx - (U2)yy, (U2)xy]``,
     the form in which :func:`_ray_terms` (up to a factor) produces them."""
@@ -851,7 +856,7 @@ def _ball_moments_2d(pair, n):
     rule with ``n`` angular nodes :math:`\varphi_k = 2\pi k/n`, :math:`k=0,\dots,n-1`, for every pair."""
     q = pair["q"]
     phi = torch.arange(n, dtype=q.dtype, device=q.device) * (2.0 * math.pi / n)  # no duplicated endpoint
-    s = _ray_terms(_ray_params(pair), phi[None]).sum(-1).view(6, *q.shape)
+    s = _sum_last(_ray_terms(_ray_params(pair), phi[None])).view(6, *q.shape)
     # the weight of a node, sqrt(det P) / (2 pi) * 2 pi / n, times the factor sqrt(pi) / 2 of _ray_terms
     return _moments_from_entries(s * (pair["detP"].sqrt() * (0.5 * _SQRT_PI / n)))
 
@@ -955,7 +960,7 @@ def _adaptive_angular_rule(pair, idx, tol, lb_b, closed, U, info, max_nodes):
     wt = detP.sqrt() / (4.0 * _SQRT_PI)  # times the spacing: the weight of a node, sqrt(det P) / (2 pi) * sqrt(pi) / 2
     # round 0: even-numbered nodes first, so that T_{n/2} is a sum over the first half
     j = torch.cat([torch.arange(0, m, 2), torch.arange(1, m, 2)]).to(dtype=dtype, device=device)
-    halves = _ray_terms(prm, start[:, None] + j * h[:, None]).view(6, -1, 2, m // 2).sum(-1)
+    halves = _sum_last(_ray_terms(prm, start[:, None] + j * h[:, None]).view(6, -1, 2, m // 2))
     tot = halves.sum(-1)
     I_cur = tot * (wt * h)
     est = (I_cur - halves[..., 0] * (wt * 2.0 * h)).abs().amax(0)  # |T_n - T_{n/2}|
@@ -974,7 +979,7 @@ def _adaptive_angular_rule(pair, idx, tol, lb_b, closed, U, info, max_nodes):
         rounds += 1
         h_a = h[act] / 2 ** (rounds - 1)
         phi = start[act, None] + (torch.arange(m_r, dtype=dtype, device=device) + 0.5) * h_a[:, None]
-        tot_a = tot[:, act] + _ray_terms(prm[:, act], phi).sum(-1)
+        tot_a = tot[:, act] + _sum_last(_ray_terms(prm[:, act], phi))
         I_new = tot_a * (wt[act] * h_a * 0.5)
         est[act] = (I_new - I_cur[:, act]).abs().amax(0)
         tot[:, act], I_cur[:, act] = tot_a, I_new
