@@ -708,7 +708,10 @@ class VQAModel(nn.Module):
         uniform_mix: weight :math:`\epsilon` of the uniform distribution mixed into the softmax
             before moment matching, :math:`(1-\epsilon)p+\epsilon/L`, which keeps the fitted
             covariance positive definite when the softmax collapses on one cell.
-        n_quadrature: angular nodes for 2D continuous sparsemax.
+        n_quadrature: angular nodes for 2D continuous sparsemax; ``None`` (default) is the adaptive
+            rule of :func:`attnopt.continuous.continuous_sparsemax`, accurate to its tolerance in
+            the forward pass and the gradient (a fixed 64 nodes is as fast on a CPU but off by up
+            to 6e-3 in the gradient on elongated ellipses).
         n_components: :math:`K` for ``"mixture"`` (the maximum :math:`K_{\max}` for ``"mixture_selected"``).
         mixture_kwargs: extra keyword arguments for
             :class:`attnopt.mixture.MultimodalContinuousAttention` (``n_iter``, ``init``,
@@ -734,7 +737,7 @@ class VQAModel(nn.Module):
         basis_sigma: float = 0.001**0.5,
         penalty: float = 0.01,
         uniform_mix: float = 0.01,
-        n_quadrature: int = 64,
+        n_quadrature: int | None = None,
         n_components: int = 2,
         mixture_kwargs: dict[str, Any] | None = None,
         question_encoder: str = "mlp",
