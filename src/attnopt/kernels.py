@@ -674,8 +674,11 @@ def maximum_entropy_tilt(
         direction = -torch.linalg.solve(hess + ridge[..., None, None] * eye, grad.unsqueeze(-1)).squeeze(-1)
         # Armijo backtracking, all candidate steps at once: (S, ..., l).
         cand = lam.unsqueeze(0) + steps.view(-1, *([1] * lam.ndim)) * direction.unsqueeze(0)
-        vals = dual(cand)
-        ok = vals <= dual(lam).unsqueeze(0) + 1e-4 * steps.view(-1, *([1] * (lam.ndim - 1))) * (grad * direction).sum(-1)
+        vals, current = dual(cand), dual(lam)
+        # Near the solution the decrease of a Newton step is below the rounding error of the dual's
+        # value, and an exact Armijo test would reject every step: allow a few ulps of slack.
+        slack = 8 * torch.finfo(k.dtype).eps * (1 + current.abs())
+        ok = vals <= (current + slack).unsqueeze(0) + 1e-4 * steps.view(-1, *([1] * (lam.ndim - 1))) * (grad * direction).sum(-1)
         first = torch.where(ok.any(0), ok.int().argmax(0), torch.full_like(ok[0], steps.numel() - 1, dtype=torch.long))
         lam = torch.gather(cand, 0, first.view(1, *first.shape, 1).expand(1, *lam.shape)).squeeze(0)
     p = torch.softmax(logw + (k @ lam.unsqueeze(-1)).squeeze(-1), dim=-1)

@@ -323,6 +323,22 @@ def test_maximum_entropy_is_boltzmann_gibbs():
         maximum_entropy_tilt(nu, stats, stats.max(0).values + 1.0)  # outside the convex hull
 
 
+def test_maximum_entropy_tilt_reaches_rounding_level_on_many_atoms():
+    # 64 atoms, 32 queries whose targets are attention outputs (inside the hull): the dual's decrease
+    # near the solution falls below the rounding of its value, where an exact Armijo test used to
+    # reject every Newton step (residual stuck near 1e-9). The tilt must reach 1e-13 and equal the
+    # attention weights, whose exponential tilt it is (lambda = q / sqrt(d)).
+    g = _gen(17)
+    n, d, nq = 64, 2, 32
+    y = torch.randn(n, d, generator=g, dtype=F64)
+    nu = EmpiricalMeasure(y, _simplex((n,), g))
+    queries = 1.5 * torch.randn(nq, d, generator=g, dtype=F64)
+    weights = softmatch_kernel(queries, nu)
+    mu_star, lam = maximum_entropy_tilt(nu, y.expand(nq, n, d), weights @ y, tol=1e-13)
+    torch.testing.assert_close(mu_star.weights, weights, atol=1e-13, rtol=0)
+    torch.testing.assert_close(lam, queries / math.sqrt(d), atol=1e-9, rtol=0)
+
+
 # ------------------------------------------------------------------------------------------
 # Bounds never below measured ratios (Thm. 23, Cor. 24, Prop. 25, Thm. 29)
 # ------------------------------------------------------------------------------------------
