@@ -5,10 +5,11 @@
 For machines that have PyTorch but no Jupyter stack (a rented GPU box, say): each notebook runs in
 a fresh Python process, its code cells executed in order with the ``parameters`` cell's values
 replaced by ``--scale`` (and ``device="auto"``, so CUDA is used when present).  Display-only
-modules that may be missing (``IPython.display``, ``ipywidgets``) are replaced by silent stand-ins
-and figures go to matplotlib's Agg backend, so the times are the notebooks' computation, import of
-the libraries included.  The book itself is always executed by papermill (tools/run_notebooks.py);
-this tool only measures.  Prints a Markdown table and writes the times as JSON.
+figures go to matplotlib's Agg backend, so the times are the notebooks' computation, import of
+the libraries included.  A missing ``ipywidgets`` (the slider of one notebook) is replaced by a
+silent stand-in; a notebook that uses ``IPython.display`` needs IPython installed.  The book itself
+is always executed by papermill (tools/run_notebooks.py); this tool only measures.  A failing
+notebook's traceback is printed after the table row.  Prints a Markdown table and writes the times as JSON.
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ import matplotlib.pyplot as plt
 def stand_in(name, **attrs):
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
-    module.__getattr__ = lambda attr: (lambda *a, **k: None)
+    def anything(attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return lambda *a, **k: None
+    module.__getattr__ = anything
     sys.modules[name] = module
     return module
 
-if importlib.util.find_spec("IPython") is None:
-    ipy = stand_in("IPython")
-    ipy.display = stand_in("IPython.display", display=lambda *a, **k: None, HTML=str, Markdown=str)
 if importlib.util.find_spec("ipywidgets") is None:
     stand_in("ipywidgets", interact=lambda *a, **k: None)
 
@@ -86,6 +88,8 @@ def main() -> int:
         seconds = time.perf_counter() - t0
         times[nb.stem] = {"scale": args.scale, "seconds": round(seconds, 1), "status": status}
         print(f"| {nb.stem} | {args.scale} | {seconds:.1f} | {status} |", flush=True)
+        if status.startswith("failed"):
+            print("\n".join("    " + line for line in proc.stderr.strip().splitlines()[-12:]), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(times, indent=1) + "\n")
