@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU checks of the course, in one go: the CUDA test subset, the whole library suite under the
-# machine's own torch, and every benchmark on the GPU.  Logs go to $OUT (default _build/gpu).
+# The GPU checks of the course, in one go: the CUDA test subset, every benchmark on the GPU, every
+# notebook at scale="book" on the GPU (tools/time_notebooks.py) and, unless "quick" is given, the
+# whole library suite under the machine's own torch and every notebook at scale="full".
+# Logs go to $OUT (default _build/gpu).
 #
 #   OUT=_build/gpu bash tools/gpu_check.sh [quick]
 #
@@ -34,6 +36,9 @@ step dual_solver 120 $PY benchmarks/dual_solver.py --device cuda --clock wall
 for b in continuous mixture; do
   if grep -q -- '--device' "benchmarks/$b.py"; then step "$b" 180 $PY "benchmarks/$b.py" --device cuda; fi
 done
+step notebooks_book 300 $PY tools/time_notebooks.py --scale book --timeout 120 --out "$OUT/notebooks_book.json"
 if [ -z "${1:-}" ]; then
-  step lib_tests_cpu 300 $PY -m pytest tests/lib -q -p no:cacheprovider -x -n 8
+  xdist=$($PY -c 'import xdist' 2>/dev/null && echo '-n 8')
+  step lib_tests 300 $PY -m pytest tests/lib -q -p no:cacheprovider $xdist
+  step notebooks_full 600 $PY tools/time_notebooks.py --scale full --timeout 300 --out "$OUT/notebooks_full.json"
 fi
