@@ -66,10 +66,10 @@ __all__ = [
     "truncated_paraboloid_threshold",
 ]
 
-#: Default ``n_quadrature`` of 2D continuous sparsemax: ``None``, the adaptive angular rule with
-#: tolerance ``tol`` (an int gives the fixed periodic trapezoid rule with that many nodes).
+#: Default ``n_quadrature`` of 2D continuous sparsemax.  ``None`` is the adaptive angular rule with
+#: tolerance ``tol``; an int gives the fixed periodic trapezoid rule with that many nodes.
 DEFAULT_N_QUADRATURE = None
-#: Default relative tolerance of the adaptive rule in float64 (float32: 32 machine epsilons).
+#: Default relative tolerance of the adaptive rule in float64 (32 machine epsilons in float32).
 DEFAULT_TOL = 1e-10
 #: Default cap on the angular nodes per (batch, basis) pair of the adaptive rule.
 DEFAULT_MAX_QUADRATURE = 4096
