@@ -300,6 +300,15 @@ class _OT:
 # ----------------------------------------------------------------------------------------------
 
 
+def _ot_family(u, cost, gamma, T: torch.Tensor, single: bool) -> "_OT":
+    """The checked preference, cost and gamma of the OT problem (24), as the solver's family."""
+    gamma = _alpha(gamma, "gamma")
+    uq = _preference(u, T, single)
+    if cost is None:
+        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
+    return _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+
+
 def _select_step(merits: torch.Tensor, m0: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """Largest candidate step meeting Armijo on the merit; else the candidate of least merit."""
     shape = (-1,) + (1,) * m0.ndim
@@ -862,11 +871,7 @@ def ot_attention(z, templates, u=None, cost=None, alpha=1.0, gamma=1.0) -> tuple
     T = _templates(templates)
     zq, single = _vector(z, "z", T)
     alpha = _alpha(alpha)
-    gamma = _alpha(gamma, "gamma")
-    uq = _preference(u, T, single)
-    if cost is None:
-        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
-    fam = _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+    fam = _ot_family(u, cost, gamma, T, single)
     weights = fam.probs(alpha * (zq @ T.mT))
     h = weights @ T
     if single:
@@ -899,11 +904,7 @@ def ot_dual_objective(lam, b, templates, u=None, cost=None, alpha=1.0, gamma=1.0
     lq, single = _vector(lam, "lam", T)
     bq = _bq_like(b, T, single)
     alpha = _alpha(alpha)
-    gamma = _alpha(gamma, "gamma")
-    uq = _preference(u, T, single)
-    if cost is None:
-        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
-    fam = _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+    fam = _ot_family(u, cost, gamma, T, single)
     val = (lq * bq).sum(-1) - (lq * lq).sum(-1) / (2 * alpha) - fam.value(lq @ T.mT)
     return val.squeeze(-1) if single else val
 
@@ -930,12 +931,8 @@ def solve_ot_dual(b, templates, u=None, cost=None, alpha=1.0, gamma=1.0, tol=1e-
     T = _templates(templates)
     bq, single = _vector(b, "b", T)
     alpha = _alpha(alpha)
-    gamma = _alpha(gamma, "gamma")
     tol, max_iter = _tol(tol, max_iter)
-    uq = _preference(u, T, single)
-    if cost is None:
-        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
-    fam = _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+    fam = _ot_family(u, cost, gamma, T, single)
     lam = _solve(bq, T, fam, alpha, tol, max_iter, method, "solve_ot_dual")
     return lam.squeeze(-2) if single else lam
 
@@ -966,12 +963,8 @@ def ot_exact_estimate(z, templates, u=None, cost=None, alpha=1.0, gamma=1.0, tol
     T = _templates(templates)
     zq, single = _vector(z, "z", T)
     alpha = _alpha(alpha)
-    gamma = _alpha(gamma, "gamma")
     tol, max_iter = _tol(tol, max_iter)
-    uq = _preference(u, T, single)
-    if cost is None:
-        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
-    fam = _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+    fam = _ot_family(u, cost, gamma, T, single)
     bq = zq + fam.prior(zq) @ T
     lam = _solve(bq, T, fam, alpha, tol, max_iter, "auto", "ot_exact_estimate")
     weights = fam.probs(lam @ T.mT)
