@@ -36,15 +36,22 @@ from __future__ import annotations
 import argparse
 import math
 import platform
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from scipy import integrate, special
+from scipy import integrate
 from torch.utils import benchmark
 
 from attnopt import continuous as C
 from attnopt.continuous import GaussianRBF, continuous_sparsemax, grid_locations, moment_match
+
+# The independent references of the test suite (the slice reference is itself checked against
+# dblquad there), so that the benchmark and the tests measure against the same thing.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "lib"))
+from test_continuous import grads_from_moments, hard_case, slice_reference  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------
@@ -211,50 +218,6 @@ def dblquad_reference(mu, Sigma, centers, cov, keep):
     return torch.tensor(out, dtype=torch.float64)
 
 
-def slice_reference(mu, Sigma, centers, cov, epsrel=1e-12):
-    """r_j = int_E p psi_j and the moments int_E (t - mu)^(k) psi_j, k <= 2, for every j, as (7, N) rows
-    [r, m0, m1_x, m1_y, m2_xx, m2_xy, m2_yy]: for fixed t1 the t2-integral of a quadratic times the
-    conditional Gaussian of psi_j is in closed form (truncated normal moments); quad_vec integrates over t1."""
-    mu, Sigma = mu.double().cpu().numpy(), Sigma.double().cpu().numpy()
-    Cc, V = centers.double().cpu().numpy(), cov.double().cpu().numpy()
-    Si = np.linalg.inv(Sigma)
-    ml = (math.pi * math.sqrt(np.linalg.det(Sigma))) ** -0.5  # -lambda (A.14)
-    wx = math.sqrt(2 * ml * Sigma[0, 0])
-    v00, v01, v11 = V[:, 0, 0], V[:, 0, 1], V[:, 1, 1]
-    s = np.sqrt(v11 - v01**2 / v00)
-    root2pi = math.sqrt(2 * math.pi)
-
-    def f(x):
-        dx = x - mu[0]
-        qa, qb, qc = Si[1, 1], 2 * Si[0, 1] * dx, Si[0, 0] * dx * dx - 2 * ml
-        disc = math.sqrt(max(qb * qb - 4 * qa * qc, 0.0))
-        lo, hi = (-qb - disc) / (2 * qa), (-qb + disc) / (2 * qa)  # e = t2 - mu2 on the chord
-        m = Cc[:, 1] + v01 / v00 * (x - Cc[:, 0]) - mu[1]
-        nx = np.exp(-0.5 * (x - Cc[:, 0]) ** 2 / v00) / np.sqrt(2 * np.pi * v00)
-        a, b = (lo - m) / s, (hi - m) / s
-        P = np.where(a > 0, special.ndtr(-a) - special.ndtr(-b), special.ndtr(b) - special.ndtr(a))
-        pa, pb = np.exp(-0.5 * a * a) / root2pi, np.exp(-0.5 * b * b) / root2pi
-        E1 = m * P + s * (pa - pb)
-        E2 = m * m * P + 2 * m * s * (pa - pb) + s * s * (P + a * pa - b * pb)
-        p = ml * P - 0.5 * (Si[0, 0] * dx * dx * P + 2 * Si[0, 1] * dx * E1 + Si[1, 1] * E2)
-        return nx * np.stack([p, P, dx * P, E1, dx * dx * P, dx * E1, E2])
-
-    pts = [x for x in Cc[:, 0] if abs(x - mu[0]) < wx]
-    val, _ = integrate.quad_vec(f, mu[0] - wx, mu[0] + wx, epsabs=0, epsrel=epsrel, points=pts, limit=10000, norm="max")
-    return torch.tensor(val)
-
-
-def slice_grad(ref, g, mu, Sigma):
-    """(mu, Sigma)-gradient of <g, r>, differentiating under the integral: d/dmu = Sigma^-1 int (t - mu) psi,
-    d/dSigma = int (lambda / 4 Sigma^-1 + 1/2 Sigma^-1 (t - mu)(t - mu)^T Sigma^-1) psi."""
-    G = ref[1:] @ g.double().cpu()
-    Sigma = Sigma.double().cpu()
-    Si = torch.linalg.inv(Sigma)
-    lam = -((math.pi * torch.linalg.det(Sigma).sqrt()) ** -0.5)
-    m2 = torch.stack([torch.stack([G[3], G[4]]), torch.stack([G[4], G[5]])])
-    return torch.cat([Si @ G[1:3], (lam / 4 * G[0] * Si + 0.5 * Si @ m2 @ Si).flatten()])
-
-
 # ------------------------------------------------------------------------------------------------
 
 
@@ -272,17 +235,14 @@ def make_inputs(batch, dtype, seed=0):
 def hard_cases(dtype):
     """The hard cases of tests/lib/test_continuous.py: attention over the 14x14 grid that is near-uniform
     (the widest ellipse) or piled on four, two (a needle) or one corner of the image."""
-    loc = grid_locations(14, dtype=torch.float64)
-    ws = []
-    for idx in (None, [0, 13, 182, 195], [0, 195], [0, 1, 14]):
-        if idx is None:
-            w = 1 + 0.05 * torch.rand(196, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-        else:
-            w = torch.full((196,), 1e-3, dtype=torch.float64)
-            w[idx] = 1.0
-        ws.append(w)
-    mu, Sigma = moment_match(torch.stack(ws), loc, "truncated_paraboloid")
-    return mu.to(dtype), Sigma.to(dtype)
+    mus, Sigmas = zip(*(hard_case(name) for name in ("near_uniform", "four_corners", "two_corners", "one_corner")))
+    return torch.stack(mus).to(dtype), torch.stack(Sigmas).to(dtype)
+
+
+def slice_grad(ref, g, mu, Sigma):
+    """(mu, Sigma)-gradient of <g, r> from the slice reference's moments, flattened to 6 numbers."""
+    d_mu, d_Sigma = grads_from_moments(ref, g.double().cpu(), mu, Sigma.double().cpu())
+    return torch.cat([d_mu, d_Sigma.flatten()])
 
 
 def main():
@@ -341,8 +301,8 @@ def main():
     g64 = grad.double()
     ghard = torch.randn(4, n_side**2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     t_ref = time.time()
-    sref = [slice_reference(mu64[i], Sigma64[i], basis64.centers, basis64.covariance) for i in range(batch)]
-    href = [slice_reference(hmu[i], hSigma[i], basis64.centers, basis64.covariance) for i in range(4)]
+    sref = [slice_reference(mu64[i], Sigma64[i], basis64) for i in range(batch)]
+    href = [slice_reference(hmu[i], hSigma[i], basis64) for i in range(4)]
     t_ref = time.time() - t_ref
     sref_r, href_r = torch.stack([x[0] for x in sref]), torch.stack([x[0] for x in href])
     sref_g = torch.stack([slice_grad(x, g64[i], mu64[i], Sigma64[i]) for i, x in enumerate(sref)])
