@@ -442,8 +442,8 @@ class _SparseEntmaxFunction(Function):
     @staticmethod
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        # s = p^(2 - alpha): the support indicator for sparsemax, sqrt(p) for 1.5-entmax.
-        return _entmax_vjp(torch.sign(p) if ctx.power == 1 else torch.sqrt(p), grad), None, None
+        alpha = 1.0 + 1.0 / ctx.power  # sparsemax is 2-entmax, p = [.]_+^(1/(alpha-1))
+        return _entmax_vjp(_support_weights(p, alpha), grad), None, None
 
 
 def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> torch.Tensor:
