@@ -20,13 +20,7 @@ f64 = torch.float64
 SETTINGS = settings(max_examples=12, deadline=None, derandomize=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation (costly on a busy 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def rand_pref(*shape, zeros=0, gen=None, dtype=f64):

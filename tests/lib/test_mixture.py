@@ -29,13 +29,7 @@ GaussianMixture = pytest.importorskip("sklearn.mixture").GaussianMixture
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny batched linear algebra: OpenMP threads only add contention on a loaded 2-core machine
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _blobs(seed, n_per=40, d=2):

@@ -22,17 +22,11 @@ RGB = torch.tensor(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread: on a shared 2-core machine two threads are several times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def data(_one_thread):
+def data(one_thread):
     return vqa.make_batch(300, torch.Generator().manual_seed(11))
 
 
