@@ -42,16 +42,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy import integrate
 from torch.utils import benchmark
 
 from attnopt import continuous as C
 from attnopt.continuous import GaussianRBF, continuous_sparsemax, grid_locations, moment_match
 
-# The independent references of the test suite (the slice reference is itself checked against
-# dblquad there), so that the benchmark and the tests measure against the same thing.
+# The independent references of the test suite (dblquad over the ellipse; the slice reference,
+# itself checked against dblquad there), so that the benchmark and the tests measure against the same thing.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "lib"))
-from test_continuous import grads_from_moments, hard_case, slice_reference  # noqa: E402
+from test_continuous import (  # noqa: E402
+    ellipse_dblquad, grads_from_moments, hard_case, make_psi, make_tp, slice_reference,
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -188,33 +189,14 @@ def alg4_backward_literal(grad_r, mu, Sigma, centers, cov, I=100):
 
 
 def dblquad_reference(mu, Sigma, centers, cov, keep):
+    """r_j = int_E TP(t; mu, Sigma) psi_j(t) dt by SciPy's dblquad, for the basis functions ``keep``."""
     mu, Sigma = mu.double().numpy(), Sigma.double().numpy()
     C, V = centers.double().numpy(), cov.double().numpy()
-    Si = np.linalg.inv(Sigma)
-    minus_lam = (math.pi * math.sqrt(np.linalg.det(Sigma))) ** -0.5
-    R2 = 2 * minus_lam
-    wx = math.sqrt(R2 * Sigma[0, 0])
-
-    def ybounds(x):
-        dx = x - mu[0]
-        a, b, c = Si[1, 1], 2 * Si[0, 1] * dx, Si[0, 0] * dx * dx - R2
-        disc = math.sqrt(max(b * b - 4 * a * c, 0.0))
-        return mu[1] + (-b - disc) / (2 * a), mu[1] + (-b + disc) / (2 * a)
-
+    tp = make_tp(mu, Sigma)
     out = []
     for j in keep.tolist():
-        Vi = np.linalg.inv(V[j])
-        norm = 1 / (2 * math.pi * math.sqrt(np.linalg.det(V[j])))
-
-        def f(y, x):
-            d = np.array([x - mu[0], y - mu[1]])
-            e = np.array([x - C[j, 0], y - C[j, 1]])
-            return max(minus_lam - 0.5 * d @ Si @ d, 0.0) * norm * math.exp(-0.5 * e @ Vi @ e)
-
-        v, _ = integrate.dblquad(
-            f, mu[0] - wx, mu[0] + wx, lambda x: ybounds(x)[0], lambda x: ybounds(x)[1], epsabs=1e-14, epsrel=1e-12
-        )
-        out.append(v)
+        psi = make_psi(C[j], V[j])
+        out.append(ellipse_dblquad(lambda x, y, psi=psi: tp((x, y)) * psi((x, y)), mu, Sigma, epsrel=1e-12, epsabs=1e-14))
     return torch.tensor(out, dtype=torch.float64)
 
 
