@@ -89,6 +89,13 @@ __all__ = [
 _LS_RHO = 0.5
 _LS_STEPS = 16
 _LS_SIGMA = 1e-4
+# Warm start of the Gram-space Newton solver: at most this many steepest-ascent steps, stopped once most
+# problems' squared gradient falls by less than _CAUCHY_RATE per step.  Used on the CPU for n >= 16
+# templates only: measured by benchmarks/dual_solver.py, it costs more than it saves below that (a
+# Newton step's small factorization is cheap) and on a GPU (its steps are launch- and sync-bound).
+_CAUCHY_STEPS = 12
+_CAUCHY_RATE = 0.25
+_CAUCHY_MIN_N = 16
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,10 +326,19 @@ def _select_step(merits: torch.Tensor, m0: torch.Tensor, steps: torch.Tensor) ->
     return steps[idx]
 
 
-def _floor(bq: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
-    """Rounding floor of the gradient norm in this dtype (matters for float32, not float64)."""
+def _floor(bq: torch.Tensor, T: torch.Tensor, alpha: float) -> torch.Tensor:
+    r"""Rounding floor of :math:`\lVert\nabla D\rVert` in this dtype: :math:`\varepsilon\,(\lVert b\rVert+
+    \max_i\lVert t_i\rVert)(32+4\alpha\max_i\lVert t_i\rVert^2)`.
+
+    The first term is the rounding of :math:`b-\lambda/\alpha-T^\top p` itself.  The second is that of
+    the scores, whose entries reach about :math:`\alpha\max\lVert t\rVert(\lVert b\rVert+\max\lVert t
+    \rVert)`: an error :math:`\varepsilon` times that moves :math:`T^\top p` by up to
+    :math:`\max\lVert t\rVert` times as much, so no iterate can be reliably more stationary.  The floor
+    matters in float32 and for large templates, not for float64 at unit scale.
+    """
     eps = torch.finfo(bq.dtype).eps
-    return 32.0 * eps * (bq.norm(dim=-1) + T.norm(dim=-1).amax(dim=-1, keepdim=True))
+    t2 = (T * T).sum(-1).amax(dim=-1, keepdim=True)
+    return eps * (bq.norm(dim=-1) + t2.sqrt()) * (32.0 + 4.0 * alpha * t2)
 
 
 def _newton_span(bq, T, fam, alpha, tol, max_iter, what):
@@ -343,7 +359,7 @@ def _newton_span(bq, T, fam, alpha, tol, max_iter, what):
     batch = tuple(torch.broadcast_shapes(sb.shape[:-1], v0.shape[:-1], fam.batch_shape()))
     Rb = R.unsqueeze(-3).expand(batch + (k, n)).reshape(-1, k, n)
     v = v0.expand(batch + (k,)).reshape(-1, k).clone()
-    th = (torch.clamp(_floor(bq, T), min=tol) ** 2).expand(batch).reshape(-1)
+    th = (torch.clamp(_floor(bq, T, alpha), min=tol) ** 2).expand(batch).reshape(-1)
     fa = fam.flatten(batch)
     eye = torch.eye(k, dtype=v.dtype, device=v.device) / alpha
     # KL: R diag(p) R^T = p @ [r_i r_i^T]_i is one GEMM per template set while every problem is
@@ -406,13 +422,151 @@ def _newton_span(bq, T, fam, alpha, tol, max_iter, what):
     )
 
 
+def _newton_gram(bq, T, fam, alpha, tol, max_iter, what):
+    r"""Newton on :math:`c` in :math:`\lambda=\alpha b+T^\top c`, for the KL family, from the Gram matrix.
+
+    Only :math:`G=TT^\top` and :math:`Tb` are needed: the scores are :math:`s=\alpha Tb+Gc`, the
+    gradient is :math:`\nabla D=-T^\top r` with :math:`r=c/\alpha+p` (so
+    :math:`\lVert\nabla D\rVert^2=r^\top Gr`), and at the optimum :math:`c=-\alpha\tilde p`.  The
+    Newton step :math:`\Delta\lambda=T^\top\Delta c` solves :math:`(I+\alpha SG)\Delta c=-\alpha r`.
+    With :math:`S=\operatorname{diag}(p)-pp^\top=AA^\top`, :math:`A=(I-p\mathbf 1^\top)
+    \operatorname{diag}(\sqrt p)`, the push-through identity gives
+
+    .. math::
+
+        \Delta c=-\alpha r+\alpha^2 A\,M^{-1}A^\top Gr,\qquad
+        M=I+\alpha A^\top GA=I+\alpha\,\sqrt p\sqrt p^\top\odot(G-g\mathbf 1^\top-\mathbf 1g^\top+p^\top g),
+
+    :math:`g=Gp`: :math:`M-I` is the Gram matrix of the :math:`p`-centred templates scaled by
+    :math:`\sqrt{p_i p_j}`, so :math:`M` is symmetric with eigenvalues :math:`\ge1` — its Cholesky
+    factorization never fails, even when :math:`G` is singular (repeated or more than :math:`d`
+    templates) or :math:`p` has zeros (masked templates).  Unlike :func:`_newton_span` there is no
+    QR factorization and no :math:`n\times n` product per iteration: building :math:`M` is elementwise.
+    While every problem iterates, products with :math:`G` are one batched GEMM per template set.
+
+    The start is one relaxed fixed-point step from the paper's :math:`\lambda=\alpha z` (eq. 16):
+    stationarity reads :math:`c=-\alpha p(c)`, and :math:`c_0=-\alpha[(1-\omega)u+\omega\,p(\alpha z)]`
+    with :math:`\omega=1/(1+\alpha)`, the relaxation that makes this step exact for a Gaussian
+    preference with identity covariance (Sec. 5, :math:`\lambda^*=\alpha z/(1+\alpha)`).
+    """
+    n = T.shape[-2]
+    sb = alpha * (bq @ T.mT)
+    u = fam.prior(sb)
+    batch = tuple(torch.broadcast_shapes(sb.shape[:-1], u.shape[:-1], fam.batch_shape()))
+    nq = batch[-1]  # the query axis: G does not vary along it
+    Gx = (T @ T.mT).expand(batch[:-1] + (n, n)).reshape(-1, n, n)  # one Gram matrix per template set
+    B = Gx.shape[0] * nq
+    th = (torch.clamp(_floor(bq, T, alpha), min=tol) ** 2).expand(batch).reshape(-1)
+    fa = fam.flatten(batch)
+    sb = sb.expand(batch + (n,)).reshape(B, n)
+    grp = None  # template set of each problem still iterating (None: all problems, in order)
+    Ga = Gx  # (groups, n, n) while grp is None, else (problems, n, n)
+
+    def gmv(x: torch.Tensor) -> torch.Tensor:  # G x for each problem (G is symmetric)
+        return (x.reshape(-1, nq, n) @ Ga).reshape(-1, n) if grp is None else _mv(x, Ga)
+
+    c = -alpha * u.expand(batch + (n,)).reshape(B, n)  # lambda = alpha z
+    s = sb + gmv(c)
+    p = fa.probs(s)
+    r = c / alpha + p
+    Gr = gmv(r)
+    m = (r * Gr).sum(-1)
+    # first-order phase: steepest ascent on D, each step of length set by the exact curvature of D
+    # along the gradient, r^T G r / (r^T G r / alpha + Var_p(G r)).  A step costs one product with G,
+    # a Newton step an n x n factorization, so these pay while they converge fast; a step that would
+    # raise the merit is undone and ends the phase for that problem
+    tiny = torch.finfo(m.dtype).tiny
+    live = m > th
+    for _ in range(_CAUCHY_STEPS if c.device.type == "cpu" and n >= _CAUCHY_MIN_N else 0):
+        q = p * Gr
+        pGr = q.sum(-1)
+        den = torch.addcmul((q * Gr).sum(-1), pGr, pGr, value=-1.0).add_(m, alpha=1.0 / alpha)
+        om = (m / den.clamp_min(tiny) * live).unsqueeze(-1)
+        c1, s1 = torch.addcmul(c, om, r, value=-1.0), torch.addcmul(s, om, Gr, value=-1.0)
+        p1 = fa.probs(s1)
+        r1 = torch.add(p1, c1, alpha=1.0 / alpha)
+        Gr1 = gmv(r1)
+        m1 = (r1 * Gr1).sum(-1)
+        up = live & (m1 >= m)
+        if bool(up.any()):
+            k = up.unsqueeze(-1)
+            c1, s1, p1, r1, Gr1 = (torch.where(k, x, x1) for x, x1 in ((c, c1), (s, s1), (p, p1), (r, r1), (Gr, Gr1)))
+            m1 = torch.where(up, m, m1)
+        slow = live & (m1 > _CAUCHY_RATE * m)
+        live = live & ~up & (m1 > th)
+        c, s, p, r, Gr, m = c1, s1, p1, r1, Gr1, m1
+        if bool(2 * slow.sum() >= live.sum()):  # most problems now converge slowly (or none is left)
+            break
+    idx, ca = None, c
+    sqa = alpha**0.5
+    for _ in range(max_iter + 1):
+        act = m > th
+        if not bool(act.all()):
+            if not bool(act.any()):
+                return (c.reshape(batch + (n,)) @ T).add_(bq, alpha=alpha)
+            sel = act.nonzero().squeeze(-1)
+            if grp is None:
+                grp = torch.arange(B, device=c.device) // nq
+            idx = sel if idx is None else idx[sel]
+            grp = grp[sel]
+            Ga = Gx[grp]
+            ca, fa, th, s, p, r, Gr, m = ca[sel], fa.take(sel), th[sel], s[sel], p[sel], r[sel], Gr[sel], m[sel]
+        # M = I + (a a^T) * (G - h 1^T - 1 h^T), a = sqrt(alpha p), h = G p - (p^T G p) / 2: one buffer, in place
+        g = gmv(p)
+        h = g - 0.5 * (p * g).sum(-1, keepdim=True)
+        a = sqa * p.sqrt()
+        if grp is None:
+            M = (Ga.unsqueeze(1) - h.view(-1, nq, n, 1)).view(-1, n, n)
+        else:
+            M = Ga - h.unsqueeze(-1)
+        M -= h.unsqueeze(-2)
+        M *= a.unsqueeze(-1)
+        M *= a.unsqueeze(-2)
+        M.diagonal(dim1=-2, dim2=-1).add_(1.0)
+        L, _ = torch.linalg.cholesky_ex(M)
+        # y = M^{-1} A^T G r (times sqrt(alpha)), by two triangular solves
+        rhs = (a * (Gr - (p * Gr).sum(-1, keepdim=True))).unsqueeze(-1)
+        y = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, rhs, upper=False), upper=True)
+        ay = a * y.squeeze(-1)  # A y / sqrt(alpha) = sqrt(p) y - p sum(sqrt(p) y), with the sqrt(alpha)'s folded in a
+        dc = (ay - p * ay.sum(-1, keepdim=True) - r).mul_(alpha)
+        ds = gmv(dc)
+        # full Newton step; Armijo on the merit |grad D|^2 (the Newton direction is a descent direction)
+        c1, s1 = ca + dc, s + ds
+        p1 = fa.probs(s1)
+        r1 = c1 / alpha + p1
+        Gr1 = gmv(r1)
+        m1 = (r1 * Gr1).sum(-1)
+        bad = (m1 > (1.0 - 2.0 * _LS_SIGMA) * m).nonzero().squeeze(-1)
+        if bad.numel():  # backtrack, halving, on the failing problems only
+            Gbad = Gx[bad // nq] if grp is None else Ga[bad]
+            for j in range(1, _LS_STEPS):
+                t = _LS_RHO**j
+                cf, sf = ca[bad] + t * dc[bad], s[bad] + t * ds[bad]
+                pf = fa.take(bad).probs(sf)
+                rf = cf / alpha + pf
+                Grf = _mv(rf, Gbad)
+                mf = (rf * Grf).sum(-1)
+                keep = (mf <= (1.0 - 2.0 * _LS_SIGMA * t) * m[bad]) | (j == _LS_STEPS - 1)
+                kk = bad[keep]
+                c1[kk], s1[kk], p1[kk], r1[kk], Gr1[kk], m1[kk] = cf[keep], sf[keep], pf[keep], rf[keep], Grf[keep], mf[keep]
+                bad, Gbad = bad[~keep], Gbad[~keep]
+                if not bad.numel():
+                    break
+        ca, s, p, r, Gr, m = c1, s1, p1, r1, Gr1, m1
+        c = ca if idx is None else c.index_copy(0, idx, ca)
+    raise RuntimeError(
+        f"{what} did not converge in {max_iter} Newton iterations: "
+        f"max |grad| = {m.max().sqrt().item():.3g} > tol"
+    )
+
+
 def _newton_dense(bq, T, fam, alpha, tol, max_iter, what):
     """Textbook Newton in ``lambda`` with ``d x d`` Cholesky solves (the reference for benchmarks)."""
     sb = alpha * (bq @ T.mT)
     steps = _LS_RHO ** torch.arange(_LS_STEPS, dtype=bq.dtype, device=bq.device)
     u0 = fam.prior(sb)
     lam = (alpha * (bq - u0 @ T)).expand(fam.probs(sb).shape[:-1] + bq.shape[-1:]).clone()
-    thr = torch.clamp(_floor(bq, T), min=tol)
+    thr = torch.clamp(_floor(bq, T, alpha), min=tol)
     d = T.shape[-1]
     eye = torch.eye(d, dtype=T.dtype, device=T.device)
     Tq = T.unsqueeze(-3)
@@ -459,10 +613,15 @@ def _implicit(lam, bq, T, fam, alpha):
 
 
 def _solve(bq, T, fam, alpha, tol, max_iter, method, what):
-    if method not in ("auto", "span", "dense"):
-        raise ValueError(f"method must be 'auto', 'span' or 'dense'; got {method!r}")
+    if method not in ("auto", "gram", "span", "dense"):
+        raise ValueError(f"method must be 'auto', 'gram', 'span' or 'dense'; got {method!r}")
+    if method == "gram" and not isinstance(fam, _KL):
+        raise ValueError("method='gram' is for the KL dual (9) only; use 'auto', 'span' or 'dense'")
+    if method == "auto":  # Gram-space Newton unless the QR basis is smaller (more templates than dimensions)
+        method = "gram" if isinstance(fam, _KL) and T.shape[-2] <= T.shape[-1] else "span"
+    solvers = {"gram": _newton_gram, "span": _newton_span, "dense": _newton_dense}
     with torch.no_grad():
-        solver = _newton_dense if method == "dense" else _newton_span
+        solver = solvers[method]
         lam = solver(bq.detach(), T.detach(), fam.detached(), alpha, tol, max_iter, what)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (bq, T) + fam.tensors())
     return _implicit(lam, bq, T, fam, alpha) if needs_grad else lam
@@ -599,8 +758,9 @@ def solve_dual(b, templates, u=None, alpha=1.0, tol=1e-10, max_iter=100, *, meth
         u: preference (``None`` = uniform); zeros mask templates.
         alpha: :math:`\alpha>0`.
         tol: stop when every :math:`\lVert\nabla D(\lambda)\rVert_2\le` ``tol`` (raised to the
-            rounding floor :math:`32\varepsilon(\lVert b\rVert+\max_i\lVert t_i\rVert)` of the dtype
-            when below it, which only happens in low precision).
+            rounding floor :math:`\varepsilon(\lVert b\rVert+\max_i\lVert t_i\rVert)(32+4\alpha
+            \max_i\lVert t_i\rVert^2)` of the dtype when below it, which happens in float32 or for
+            large templates).
         max_iter: Newton iterations before giving up.
         method: ``"auto"`` (= ``"span"``), ``"span"`` or ``"dense"``.
 

@@ -72,7 +72,7 @@ def test_solve_dual_matches_scipy(seed):
     assert numpy_dual(lam.numpy(), bn, Tn, un, alpha)[0] >= -res.fun - 1e-12
 
 
-@pytest.mark.parametrize("method", ["auto", "span", "dense"])
+@pytest.mark.parametrize("method", ["auto", "gram", "span", "dense"])
 @pytest.mark.parametrize("n,d", [(7, 5), (3, 8), (9, 2)])
 def test_autograd_gradient_of_dual_vanishes_at_solution(method, n, d):
     g = torch.Generator().manual_seed(n * d)
@@ -97,6 +97,38 @@ def test_methods_agree_and_stationarity_form():
     torch.testing.assert_close(lam, rhs, atol=1e-10, rtol=0)
 
 
+def test_gram_solver_on_a_mixed_hard_batch():
+    """The Gram-space Newton solver against dense Newton and against stationarity, on a batch that
+    exercises every branch: problems that converge at different iterations (so converged ones leave
+    the batch), backtracking (large templates and alpha), a first-order phase that stalls, a
+    preference per query with zeros, broadcasting of u over an extra leading axis, and n > d."""
+    g = torch.Generator().manual_seed(7)
+    for n, d in ((20, 24), (18, 3)):  # n >= 16 also runs the first-order warm start on the CPU
+        scale = torch.tensor([0.1, 1.0, 4.0, 12.0], dtype=f64).view(4, 1, 1)
+        T = scale * torch.randn(1, 4, n, d, generator=g, dtype=f64)  # four template sets, easy to hard
+        b = (scale * torch.randn(4, 6, d, generator=g, dtype=f64)).expand(2, 4, 6, d)  # 6 queries each
+        u = rand_pref(2, 1, 6, n, zeros=2, gen=g)  # per query, two masked templates, extra leading axis
+        u[1, ..., 2:4] = 0.0
+        u = _norm(u)
+        for alpha in (0.3, 5.0):
+            lam = F.solve_dual(b, T, u, alpha, tol=1e-10, method="gram")
+            assert lam.shape == (2, 4, 6, d)
+            # the documented stopping rule: |grad D| <= tol, or the rounding floor where that is larger
+            # (the set of scale 12 has |t|^2 ~ 3e3: rounded scores move the gradient by ~1e-10 or more)
+            t2 = (T * T).sum(-1).amax(-1, keepdim=True)
+            stop = torch.clamp(torch.finfo(f64).eps * (b.norm(dim=-1) + t2.sqrt()) * (32 + 4 * alpha * t2), min=1e-10)
+            lq = lam.detach().requires_grad_(True)
+            (grad,) = torch.autograd.grad(F.dual_objective(lq, b, T, u, alpha).sum(), lq)
+            assert (grad.norm(dim=-1) <= 1.5 * stop).all()
+            assert grad[:, :2].norm(dim=-1).max() <= 1.5e-10  # the sets of scale 0.1 and 1 reach tol
+            # -D is (1/alpha)-strongly convex: |lambda - lambda*| <= alpha |grad D(lambda)|
+            close = (2 * alpha * 1.5 * stop).unsqueeze(-1)
+            assert ((lam - F.solve_dual(b, T, u, alpha, method="dense")).abs() <= close).all()
+            # stationarity: lambda* = alpha b - alpha T^T p~
+            p = torch.softmax(torch.log(u) + lam @ T.mT, -1)
+            assert ((lam - alpha * (b - p @ T)).abs() <= close).all()
+
+
 def test_strong_duality_with_primal_problem_4():
     """Thm 1: the primal (4) at p~ of eq. (11) equals the dual (9) at lambda*."""
     T, u, z, b = problem(11, batch=(3,), n=6, d=3, zeros=2)
@@ -115,8 +147,9 @@ def test_float32_and_nonconvergence():
     lam32 = F.solve_dual(b.float(), T.float(), u.float(), 1.0)
     assert lam32.dtype == torch.float32
     torch.testing.assert_close(lam32.double(), F.solve_dual(b, T, u, 1.0), atol=1e-5, rtol=0)
-    with pytest.raises(RuntimeError, match="did not converge"):
-        F.solve_dual(3 * b, 3 * T, u, 5.0, max_iter=1)
+    for method in ("gram", "span", "dense"):
+        with pytest.raises(RuntimeError, match="did not converge"):
+            F.solve_dual(3 * b, 3 * T, u, 5.0, max_iter=1, method=method)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -372,7 +405,7 @@ def test_gradcheck_implicit_dual_solution():
     T, u, z, b = problem(9, batch=(2,), n=4, d=3)
     T, b = T.requires_grad_(), b.requires_grad_()
     v = u.clone().requires_grad_()
-    for method in ("span", "dense"):
+    for method in ("gram", "span", "dense"):
         assert gradcheck(
             lambda b, T, v: F.solve_dual(b, T, _norm(v), 0.9, tol=1e-13, method=method), (b, T, v)
         )
@@ -495,6 +528,9 @@ def test_bad_input_raises():
         F.generalized_attention(z.float(), T, u)
     with pytest.raises(ValueError, match="method"):
         F.solve_dual(b, T, u, method="lbfgs")
+    To, Mo, uo, zo = ot_problem(1)
+    with pytest.raises(ValueError, match="KL dual"):
+        F.solve_ot_dual(zo, To, uo, Mo, method="gram")
     with pytest.raises(ValueError, match="tol"):
         F.solve_dual(b, T, u, tol=0)
     with pytest.raises(ValueError, match="max_iter"):
