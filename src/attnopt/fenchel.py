@@ -26,25 +26,24 @@ and T5's relative-position bias are choices of :math:`u` (eqs. 19–20).
 :math:`\lambda^*=\alpha b-\alpha\,T^\top p(\lambda^*)=\alpha z+\alpha T^\top(u-p(\lambda^*))`, where
 :math:`T\in\mathbb{R}^{n\times d}` stacks the templates and
 :math:`p(\lambda)=\operatorname{softmax}(\log u+T\lambda)`: the exact maximizer is the paper's
-approximation :math:`\alpha z` (eq. 16) plus a correction in the row space of :math:`T`.  With a
-reduced QR factorization :math:`T^\top=Q_TR` (:math:`Q_T\in\mathbb{R}^{d\times k}` orthonormal,
-:math:`k=\min(n,d)`, :math:`R^\top R=TT^\top` the Gram matrix) and :math:`\lambda=\alpha b+Q_Tv`,
-the problem becomes :math:`k`-dimensional: the scores are :math:`T\lambda=\alpha Tb+R^\top v`, the
-gradient is :math:`\nabla D=-Q_T(v/\alpha+Rp)`, and the Newton step solves the
-:math:`k\times k` symmetric positive-definite system
-
-.. math::
-
-    (I_k/\alpha+RSR^\top)\,\Delta v=-(v/\alpha+Rp),\qquad S=\operatorname{diag}(p)-pp^\top,
-
-instead of the :math:`d\times d` system :math:`(I_d/\alpha+T^\top ST)\Delta\lambda=\nabla D`.
-:func:`solve_dual` runs this Newton iteration from :math:`\lambda_0=\alpha z`, globalized by a
-backtracking (Armijo) line search on :math:`\lVert\nabla D\rVert^2`, batched over any leading
-dimensions.
+approximation :math:`\alpha z` (eq. 16) plus a correction in the row space of :math:`T`.  Writing
+:math:`\lambda=\alpha b+T^\top c`, the problem becomes :math:`n`-dimensional and needs only the Gram
+matrix :math:`G=TT^\top`: the scores are :math:`T\lambda=\alpha Tb+Gc`, the gradient is
+:math:`\nabla D=-T^\top r` with :math:`r=c/\alpha+p`, and the Newton step
+:math:`\Delta\lambda=T^\top\Delta c` solves :math:`(I_n+\alpha SG)\,\Delta c=-\alpha r`,
+:math:`S=\operatorname{diag}(p)-pp^\top`, instead of the :math:`d\times d` system
+:math:`(I_d/\alpha+T^\top ST)\Delta\lambda=\nabla D`.  :func:`solve_dual` solves it through the
+symmetric system :math:`M=I_n+\alpha A^\top GA` (:math:`S=AA^\top`, eigenvalues of :math:`M` at least 1,
+so its Cholesky factorization cannot fail), globalized by a backtracking (Armijo) line search on
+:math:`\lVert\nabla D\rVert^2`, batched over any leading dimensions; on the CPU a few steepest-ascent
+steps (one product with :math:`G` each) first bring the iterate close.  With more templates than
+dimensions, or for the OT dual below, it uses a reduced QR factorization :math:`T^\top=Q_TR` instead
+and iterates on :math:`v` in :math:`\lambda=\alpha b+Q_Tv` with :math:`\min(n,d)`-dimensional systems
+:math:`(I/\alpha+RSR^\top)\,\Delta v=-(v/\alpha+Rp)`.
 
 The entropic optimal-transport variant of Sec. 9 (eqs. 23–25, 36–41) has the same structure, with
 :math:`\log\sum_i u_i e^{s_i}` replaced by :math:`\gamma\sum_j u_j\log\sum_i e^{(s_i-M_{ij})/\gamma}`;
-:func:`solve_ot_dual` uses the same solver.
+:func:`solve_ot_dual` uses the QR form of the solver.
 
 **Shape convention.**  ``templates`` is ``(..., n, d)``.  A first argument (``z``, ``b`` or
 ``lam``) with as many dimensions as ``templates`` is a stack of queries ``(..., n_q, d)`` that share
@@ -473,29 +472,28 @@ def _newton_gram(bq, T, fam, alpha, tol, max_iter, what):
     m = (r * Gr).sum(-1)
     # first-order phase: steepest ascent on D, each step of length set by the exact curvature of D
     # along the gradient, r^T G r / (r^T G r / alpha + Var_p(G r)).  A step costs one product with G,
-    # a Newton step an n x n factorization, so these pay while they converge fast; a step that would
-    # raise the merit is undone and ends the phase for that problem
+    # a Newton step an n x n factorization, so these pay while they converge fast.  A step that would
+    # raise the merit is undone; the phase ends once half the problems gain less than _CAUCHY_RATE
+    # per step (converged problems count as slow)
     tiny = torch.finfo(m.dtype).tiny
-    live = m > th
     for _ in range(_CAUCHY_STEPS if c.device.type == "cpu" and n >= _CAUCHY_MIN_N else 0):
         q = p * Gr
         pGr = q.sum(-1)
         den = torch.addcmul((q * Gr).sum(-1), pGr, pGr, value=-1.0).add_(m, alpha=1.0 / alpha)
-        om = (m / den.clamp_min(tiny) * live).unsqueeze(-1)
+        om = (m / den.clamp_min(tiny)).unsqueeze(-1)
         c1, s1 = torch.addcmul(c, om, r, value=-1.0), torch.addcmul(s, om, Gr, value=-1.0)
         p1 = fa.probs(s1)
         r1 = torch.add(p1, c1, alpha=1.0 / alpha)
         Gr1 = gmv(r1)
         m1 = (r1 * Gr1).sum(-1)
-        up = live & (m1 >= m)
+        gain = m1 / m  # NaN where m = 0: neither up nor slow, and such a problem is not stepped
+        up = gain >= 1.0
         if bool(up.any()):
             k = up.unsqueeze(-1)
             c1, s1, p1, r1, Gr1 = (torch.where(k, x, x1) for x, x1 in ((c, c1), (s, s1), (p, p1), (r, r1), (Gr, Gr1)))
             m1 = torch.where(up, m, m1)
-        slow = live & (m1 > _CAUCHY_RATE * m)
-        live = live & ~up & (m1 > th)
         c, s, p, r, Gr, m = c1, s1, p1, r1, Gr1, m1
-        if bool(2 * slow.sum() >= live.sum()):  # most problems now converge slowly (or none is left)
+        if bool(2 * (gain > _CAUCHY_RATE).sum() >= B):
             break
     idx, ca = None, c
     sqa = alpha**0.5
@@ -741,12 +739,17 @@ def solve_dual(b, templates, u=None, alpha=1.0, tol=1e-10, max_iter=100, *, meth
     backtracking line search on :math:`\lVert\nabla D\rVert^2` (globally convergent: :math:`-D` is
     :math:`1/\alpha`-strongly convex, so the Hessian is uniformly invertible), starting from the
     paper's approximation :math:`\lambda_0=\alpha z=\alpha(b-\mu)` (eq. 16).  By stationarity
-    :math:`\lambda^*=\alpha z+\alpha\,T^\top(u-\tilde p)`, so with ``method="span"`` (the default)
-    the iteration runs on :math:`v` in :math:`\lambda=\alpha b+Q_Tv`, :math:`T^\top=Q_TR`, with
-    :math:`\min(n,d)\times\min(n,d)` Cholesky solves (see the module docstring); problems that have
-    converged leave the batch.  ``method="dense"`` is the textbook iteration on :math:`\lambda` with
-    :math:`d\times d` Cholesky solves, kept as a reference.  Batched over all leading dimensions;
-    one host synchronisation per iteration (the global convergence test), none per element.
+    :math:`\lambda^*=\alpha z+\alpha\,T^\top(u-\tilde p)`, so the iteration runs in the span of the
+    templates (see the module docstring): ``method="gram"`` on :math:`c` in
+    :math:`\lambda=\alpha b+T^\top c` with :math:`n\times n` systems built elementwise from the Gram
+    matrix, preceded on the CPU (for :math:`n\ge16`) by at most 12 steepest-ascent steps with exact
+    curvature; ``method="span"`` on :math:`v` in :math:`\lambda=\alpha b+Q_Tv`, :math:`T^\top=Q_TR`,
+    with :math:`\min(n,d)\times\min(n,d)` systems; ``"auto"`` (the default) takes ``"gram"`` when
+    :math:`n\le d` and ``"span"`` otherwise.  Problems that have converged leave the batch.
+    ``method="dense"`` is the textbook iteration on :math:`\lambda` with :math:`d\times d` Cholesky
+    solves, kept as a reference.  The three return the same :math:`\lambda^*` to within ``tol``.
+    Batched over all leading dimensions; one host synchronisation per iteration (the global
+    convergence test), none per element.
 
     Gradients with respect to ``b``, ``templates`` and ``u`` are those of the implicit function
     theorem, :math:`d\lambda^*=(I/\alpha+T^\top ST)^{-1}\,d(\nabla D)|_{\lambda^*}` with
@@ -762,7 +765,7 @@ def solve_dual(b, templates, u=None, alpha=1.0, tol=1e-10, max_iter=100, *, meth
             \max_i\lVert t_i\rVert^2)` of the dtype when below it, which happens in float32 or for
             large templates).
         max_iter: Newton iterations before giving up.
-        method: ``"auto"`` (= ``"span"``), ``"span"`` or ``"dense"``.
+        method: ``"auto"``, ``"gram"``, ``"span"`` or ``"dense"``.
 
     Returns:
         :math:`\lambda^*`, same layout as ``b`` (broadcast against ``templates`` and ``u``).
@@ -1075,12 +1078,15 @@ def solve_ot_dual(b, templates, u=None, cost=None, alpha=1.0, gamma=1.0, tol=1e-
     Same Newton solver as :func:`solve_dual`, with :math:`p(\lambda)=\sum_j u_j\,
     \operatorname{softmax}_i((\langle t_i,\lambda\rangle-M_{ij})/\gamma)` (eq. 37) and Hessian
     :math:`T^\top\gamma^{-1}\big(\operatorname{diag}p-\sum_j u_j q_jq_j^\top\big)T`; stationarity
-    again puts :math:`\lambda^*-\alpha b` in the span of the templates.
+    again puts :math:`\lambda^*-\alpha b` in the span of the templates.  Its Hessian is a sum of
+    :math:`n` covariance matrices, not one, so the Gram form of :func:`solve_dual` does not apply:
+    ``"auto"`` means ``"span"`` here, and ``method="gram"`` is an error.
 
     Args:
         b: :math:`b=\tilde\mu+z`, ``(..., d)`` or ``(..., n_q, d)``.
         templates, u, cost, alpha, gamma: as :func:`ot_attention`.
-        tol, max_iter, method: as :func:`solve_dual`.
+        tol, max_iter: as :func:`solve_dual`.
+        method: ``"auto"`` (= ``"span"``), ``"span"`` or ``"dense"``.
 
     Returns:
         :math:`\lambda^*`, same layout as ``b``.
