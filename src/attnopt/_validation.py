@@ -51,10 +51,12 @@ def as_float_tensor(x, name: str, *, min_ndim: int = 0, like: torch.Tensor | Non
 
 def check_finite(x: torch.Tensor, name: str, *, allow_neg_inf: bool = False) -> None:
     """Raise ``ValueError`` if ``x`` holds NaN (or ±inf; ``-inf`` allowed when asked)."""
-    # fast path, one pass and one host read: NaN and ±inf propagate through a sum (inf - inf = NaN),
-    # so a finite sum proves every entry finite; a non-finite sum (or an overflow) gets the exact checks
-    if x.is_floating_point() and bool(torch.isfinite(x.sum())):
-        return
+    # fast path, one pass and one host read.  NaN and ±inf propagate through a sum (inf - inf = NaN),
+    # so a finite sum proves every entry finite; the maximum is NaN or +inf exactly when a NaN or +inf
+    # is present.  A failed fast check (or an overflowing sum) gets the exact checks and their message.
+    if x.is_floating_point() and x.numel():
+        if bool(x.amax() < torch.inf) if allow_neg_inf else bool(torch.isfinite(x.sum())):
+            return
     if torch.isnan(x).any():
         raise ValueError(f"{name} contains NaN")
     bad = torch.isposinf(x) if allow_neg_inf else torch.isinf(x)
