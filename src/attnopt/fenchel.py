@@ -443,10 +443,11 @@ def _newton_gram(bq, T, fam, alpha, tol, max_iter, what):
     QR factorization and no :math:`n\times n` product per iteration: building :math:`M` is elementwise.
     While every problem iterates, products with :math:`G` are one batched GEMM per template set.
 
-    The start is one relaxed fixed-point step from the paper's :math:`\lambda=\alpha z` (eq. 16):
-    stationarity reads :math:`c=-\alpha p(c)`, and :math:`c_0=-\alpha[(1-\omega)u+\omega\,p(\alpha z)]`
-    with :math:`\omega=1/(1+\alpha)`, the relaxation that makes this step exact for a Gaussian
-    preference with identity covariance (Sec. 5, :math:`\lambda^*=\alpha z/(1+\alpha)`).
+    The iteration starts from the paper's :math:`\lambda=\alpha z` (eq. 16), :math:`c=-\alpha u`.  On
+    the CPU with :math:`n\ge16` it first takes up to ``_CAUCHY_STEPS`` steepest-ascent steps
+    :math:`\Delta c=-\omega r`, :math:`\omega=\lVert\nabla D\rVert^2/(\nabla D^\top H\nabla D)
+    =r^\top Gr/(r^\top Gr/\alpha+\operatorname{Var}_p(Gr))`, the maximizer of the local quadratic model
+    along the gradient: each costs one product with :math:`G`.
     """
     n = T.shape[-2]
     sb = alpha * (bq @ T.mT)
