@@ -340,6 +340,30 @@ def _floor(bq: torch.Tensor, T: torch.Tensor, alpha: float) -> torch.Tensor:
     return eps * (bq.norm(dim=-1) + t2.sqrt()) * (32.0 + 4.0 * alpha * t2)
 
 
+def _armijo_step(x, s, dx, ds, m, trial):
+    r"""Newton step on coefficients ``x`` and scores ``s``, halved where it fails Armijo on the merit.
+
+    The merit is :math:`\lVert\nabla D\rVert^2`, for which the Newton direction is a descent
+    direction, so a small enough step passes.  ``trial(idx, x, s)`` evaluates the problems ``idx``
+    (``None``: all of them) at ``x`` and ``s`` and returns ``(p, ..., merit)``; the result is
+    ``[x, s, p, ..., merit]`` after the step.  Only the failing problems are re-evaluated.
+    """
+    x1, s1 = x + dx, s + ds
+    state = [x1, s1, *trial(None, x1, s1)]
+    bad = (state[-1] > (1.0 - 2.0 * _LS_SIGMA) * m).nonzero().squeeze(-1)
+    for j in range(1, _LS_STEPS):
+        if not bad.numel():
+            break
+        t = _LS_RHO**j
+        xf, sf = x[bad] + t * dx[bad], s[bad] + t * ds[bad]
+        tried = (xf, sf, *trial(bad, xf, sf))
+        keep = (tried[-1] <= (1.0 - 2.0 * _LS_SIGMA * t) * m[bad]) | (j == _LS_STEPS - 1)
+        for dst, src in zip(state, tried):
+            dst[bad[keep]] = src[keep]
+        bad = bad[~keep]
+    return state
+
+
 def _newton_span(bq, T, fam, alpha, tol, max_iter, what):
     r"""Newton on :math:`v` in :math:`\lambda=\alpha b+Q_Tv`, :math:`T^\top=Q_TR` (reduced QR).
 
@@ -368,11 +392,16 @@ def _newton_span(bq, T, fam, alpha, tol, max_iter, what):
         outer = (R.mT.unsqueeze(-1) * R.mT.unsqueeze(-2)).reshape(R.shape[:-2] + (n, k * k))
     # state of the problems still iterating (indices idx into the flat batch; None: all of them)
     idx, Ra, va = None, Rb, v
+
+    def trial(sel, v, s):  # p, R p, g = v / alpha + R p = -Q^T grad D and the merit |g|^2
+        f, R = (fa, Ra) if sel is None else (fa.take(sel), Ra[sel])
+        p = f.probs(s)
+        Rp = _mv(p, R.mT)
+        g = v / alpha + Rp
+        return p, Rp, g, (g * g).sum(-1)
+
     s = sb.expand(batch + (n,)).reshape(-1, n) + _mv(va, Ra)
-    p = fa.probs(s)
-    Rp = _mv(p, Ra.mT)
-    g = va / alpha + Rp  # = -Q^T grad D
-    m = (g * g).sum(-1)
+    p, Rp, g, m = trial(None, va, s)
     for _ in range(max_iter + 1):
         act = m > th
         if not bool(act.all()):
@@ -389,31 +418,7 @@ def _newton_span(bq, T, fam, alpha, tol, max_iter, what):
             H = eye + fa.rsr(s, p, Rp, Ra)
         L, _ = torch.linalg.cholesky_ex(H)
         dv = -torch.cholesky_solve(g.unsqueeze(-1), L).squeeze(-1)
-        w = _mv(dv, Ra)
-        # full Newton step; Armijo on the merit |grad D|^2 (the Newton direction is a descent direction)
-        v1, s1 = va + dv, s + w
-        p1 = fa.probs(s1)
-        Rp1 = _mv(p1, Ra.mT)
-        g1 = v1 / alpha + Rp1
-        m1 = (g1 * g1).sum(-1)
-        bad = (m1 > (1.0 - 2.0 * _LS_SIGMA) * m).nonzero().squeeze(-1)
-        if bad.numel():  # backtrack, halving, on the failing problems only
-            for j in range(1, _LS_STEPS):
-                t = _LS_RHO**j
-                fb = fa.take(bad)
-                vf, sf = va[bad] + t * dv[bad], s[bad] + t * w[bad]
-                pf = fb.probs(sf)
-                Rpf = _mv(pf, Ra[bad].mT)
-                gf = vf / alpha + Rpf
-                mf = (gf * gf).sum(-1)
-                keep = (mf <= (1.0 - 2.0 * _LS_SIGMA * t) * m[bad]) | (j == _LS_STEPS - 1)
-                kk = bad[keep]
-                v1[kk], s1[kk], p1[kk], Rp1[kk], g1[kk], m1[kk] = (
-                    vf[keep], sf[keep], pf[keep], Rpf[keep], gf[keep], mf[keep])
-                bad = bad[~keep]
-                if not bad.numel():
-                    break
-        va, s, p, Rp, g, m = v1, s1, p1, Rp1, g1, m1
+        va, s, p, Rp, g, m = _armijo_step(va, s, dv, _mv(dv, Ra), m, trial)
         v = va if idx is None else v.index_copy(0, idx, va)
     raise RuntimeError(
         f"{what} did not converge in {max_iter} Newton iterations: "
@@ -465,12 +470,15 @@ def _newton_gram(bq, T, fam, alpha, tol, max_iter, what):
     def gmv(x: torch.Tensor) -> torch.Tensor:  # G x for each problem (G is symmetric)
         return (x.reshape(-1, nq, n) @ Ga).reshape(-1, n) if grp is None else _mv(x, Ga)
 
+    def trial(sel, c, s):  # p, r = c / alpha + p (grad D = -T^T r), G r and the merit r^T G r
+        p = (fa if sel is None else fa.take(sel)).probs(s)
+        r = c / alpha + p
+        Gr = gmv(r) if sel is None else _mv(r, Gx[sel // nq] if grp is None else Ga[sel])
+        return p, r, Gr, (r * Gr).sum(-1)
+
     c = -alpha * u.expand(batch + (n,)).reshape(B, n)  # lambda = alpha z
     s = sb + gmv(c)
-    p = fa.probs(s)
-    r = c / alpha + p
-    Gr = gmv(r)
-    m = (r * Gr).sum(-1)
+    p, r, Gr, m = trial(None, c, s)
     # first-order phase: steepest ascent on D, each step of length set by the exact curvature of D
     # along the gradient, r^T G r / (r^T G r / alpha + Var_p(G r)).  A step costs one product with G,
     # a Newton step an n x n factorization, so these pay while they converge fast.  A step that would
@@ -483,10 +491,7 @@ def _newton_gram(bq, T, fam, alpha, tol, max_iter, what):
         den = torch.addcmul((q * Gr).sum(-1), pGr, pGr, value=-1.0).add_(m, alpha=1.0 / alpha)
         om = (m / den.clamp_min(tiny)).unsqueeze(-1)
         c1, s1 = torch.addcmul(c, om, r, value=-1.0), torch.addcmul(s, om, Gr, value=-1.0)
-        p1 = fa.probs(s1)
-        r1 = torch.add(p1, c1, alpha=1.0 / alpha)
-        Gr1 = gmv(r1)
-        m1 = (r1 * Gr1).sum(-1)
+        p1, r1, Gr1, m1 = trial(None, c1, s1)
         gain = m1 / m  # NaN where m = 0: neither up nor slow, and such a problem is not stepped
         up = gain >= 1.0
         if bool(up.any()):
@@ -528,30 +533,7 @@ def _newton_gram(bq, T, fam, alpha, tol, max_iter, what):
         y = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, rhs, upper=False), upper=True)
         ay = a * y.squeeze(-1)  # A y / sqrt(alpha) = sqrt(p) y - p sum(sqrt(p) y), with the sqrt(alpha)'s folded in a
         dc = (ay - p * ay.sum(-1, keepdim=True) - r).mul_(alpha)
-        ds = gmv(dc)
-        # full Newton step; Armijo on the merit |grad D|^2 (the Newton direction is a descent direction)
-        c1, s1 = ca + dc, s + ds
-        p1 = fa.probs(s1)
-        r1 = c1 / alpha + p1
-        Gr1 = gmv(r1)
-        m1 = (r1 * Gr1).sum(-1)
-        bad = (m1 > (1.0 - 2.0 * _LS_SIGMA) * m).nonzero().squeeze(-1)
-        if bad.numel():  # backtrack, halving, on the failing problems only
-            Gbad = Gx[bad // nq] if grp is None else Ga[bad]
-            for j in range(1, _LS_STEPS):
-                t = _LS_RHO**j
-                cf, sf = ca[bad] + t * dc[bad], s[bad] + t * ds[bad]
-                pf = fa.take(bad).probs(sf)
-                rf = cf / alpha + pf
-                Grf = _mv(rf, Gbad)
-                mf = (rf * Grf).sum(-1)
-                keep = (mf <= (1.0 - 2.0 * _LS_SIGMA * t) * m[bad]) | (j == _LS_STEPS - 1)
-                kk = bad[keep]
-                c1[kk], s1[kk], p1[kk], r1[kk], Gr1[kk], m1[kk] = cf[keep], sf[keep], pf[keep], rf[keep], Grf[keep], mf[keep]
-                bad, Gbad = bad[~keep], Gbad[~keep]
-                if not bad.numel():
-                    break
-        ca, s, p, r, Gr, m = c1, s1, p1, r1, Gr1, m1
+        ca, s, p, r, Gr, m = _armijo_step(ca, s, dc, gmv(dc), m, trial)
         c = ca if idx is None else c.index_copy(0, idx, ca)
     raise RuntimeError(
         f"{what} did not converge in {max_iter} Newton iterations: "
