@@ -61,13 +61,9 @@ _METHODS = ("auto", "newton", "sort")
 # --------------------------------------------------------------------------------------------
 
 
-def _check_scores(x: torch.Tensor, name: str) -> None:
-    check_finite(x, name, allow_neg_inf=True)  # one reduction, one host read
-
-
 def _prepare(scores, dim: int, name: str = "scores") -> tuple[torch.Tensor, int]:
     x = as_float_tensor(scores, name, min_ndim=1)
-    _check_scores(x, name)
+    check_finite(x, name, allow_neg_inf=True)
     return x, check_dim(dim, x.ndim)
 
 
@@ -987,7 +983,7 @@ def sinkhorn_attention(
         ValueError: ``eps <= 0``, ``n_iter < 1``, unknown ``grad``, masks that do not fit.
     """
     x = as_float_tensor(scores, "scores", min_ndim=2)
-    _check_scores(x, "scores")
+    check_finite(x, "scores", allow_neg_inf=True)
     eps = check_positive(eps, "eps")
     n_iter = check_int(n_iter, "n_iter")
     absorb_every = check_int(absorb_every, "absorb_every")
