@@ -1,26 +1,159 @@
-"""Input validation shared by every module.
+"""Input validation shared by every module: the one place where ``attnopt`` decides what is valid.
 
-Each helper raises :class:`TypeError` (wrong kind of object or dtype) or :class:`ValueError`
-(right kind, wrong value or shape) with a message that names the argument and says what was
-expected, so that a reader who passes the wrong thing learns what to pass instead.
+Every helper raises :class:`TypeError` (wrong kind of object or dtype) or :class:`ValueError`
+(right kind, wrong value, shape or device) with a message that names the user's argument and says
+what was expected, so that a reader who passes the wrong thing learns what to pass instead.
+
+Two kinds of check, and why they differ
+---------------------------------------
+*Metadata checks* (types, dtypes, shapes, devices, Python numbers) cost nothing and always run.
+
+*Data checks* (NaN, ``+inf``, negative weights, positive definiteness) must look at the values.
+On the CPU reading a value is free; on a GPU it is a host synchronisation that stalls the
+pipeline, and a hot path that synchronises on every call can be several times slower than one
+that does not.  So data checks go through :func:`require`, whose behaviour is set by
+:func:`set_checks` (or the context manager :func:`checks`):
+
+``"auto"`` (default)
+    ``"eager"`` for CPU tensors, ``"async"`` for every other device.
+``"eager"``
+    Read the condition back and raise ``ValueError`` at the call.  Use it on a GPU while
+    debugging, to learn at once which argument was bad.
+``"async"``
+    No host read: the condition becomes a device-side assertion
+    (:func:`torch._assert_async`) that fails the next synchronising call if it is false.  On a
+    GPU a failed device assertion ends the CUDA context (as an out-of-range index in
+    ``torch.nn.functional.embedding`` does); on the CPU it raises ``RuntimeError`` at once.
+``"off"``
+    Skip data checks entirely (metadata checks still run).
+
+Solvers that would read the host for *speed* (retiring converged rows, stopping early) ask
+:func:`host_reads_allowed` first, so that under ``"async"``/``"off"`` and on a GPU they take
+their read-free branch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Sequence
+import numbers
+from typing import Iterator, Sequence
 
 import torch
 
 __all__ = [
+    "CHECK_MODES",
     "as_float_tensor",
+    "broadcast_shapes",
+    "check_bool_mask",
+    "check_choice",
     "check_dim",
     "check_finite",
     "check_int",
+    "check_nonnegative",
+    "check_number",
     "check_positive",
     "check_probability_vector",
+    "check_same_device",
+    "check_same_dtype",
     "check_shape_match",
+    "check_spd",
+    "checks",
+    "get_checks",
+    "host_reads_allowed",
+    "require",
+    "set_checks",
 ]
+
+#: The modes of :func:`set_checks`.
+CHECK_MODES = ("auto", "eager", "async", "off")
+_mode = "auto"
+
+
+# --------------------------------------------------------------------------------------------
+# The data-check switch
+# --------------------------------------------------------------------------------------------
+
+
+def set_checks(mode: str) -> str:
+    """Set how data checks run (``"auto"``, ``"eager"``, ``"async"`` or ``"off"``); return the old mode.
+
+    ``"auto"`` reads values back on the CPU (where it is free) and uses asynchronous device
+    assertions elsewhere, so no hot path synchronises a GPU; see :func:`checks` for a scoped
+    version.
+
+    Args:
+        mode: one of :data:`CHECK_MODES`.
+
+    Returns:
+        The previous mode.
+
+    Raises:
+        ValueError: for an unknown mode.
+
+    Example:
+        >>> import attnopt
+        >>> old = attnopt.set_checks("eager")   # a ValueError at the call, on any device
+        >>> attnopt.set_checks(old)
+        'eager'
+    """
+    global _mode
+    check_choice(mode, "mode", CHECK_MODES)
+    old, _mode = _mode, mode
+    return old
+
+
+def get_checks() -> str:
+    """The current mode of data checks (see :func:`set_checks`)."""
+    return _mode
+
+
+@contextlib.contextmanager
+def checks(mode: str) -> Iterator[None]:
+    """Context manager: run the block with data checks in ``mode``, then restore the old mode.
+
+    Example:
+        >>> import torch, attnopt
+        >>> with attnopt.checks("off"):    # no check reads the data inside this block
+        ...     p = attnopt.attention_weights(torch.zeros(2, 3))
+    """
+    old = set_checks(mode)
+    try:
+        yield
+    finally:
+        set_checks(old)
+
+
+def host_reads_allowed(*tensors: torch.Tensor) -> bool:
+    """True when a check or solver may read tensor values back to the host.
+
+    That is in mode ``"eager"``, and in mode ``"auto"`` when every tensor lives on the CPU; never
+    for ``meta`` tensors, which have shapes but no values.
+    """
+    if _mode not in ("eager", "auto") or any(t.device.type == "meta" for t in tensors):
+        return False
+    return _mode == "eager" or all(t.device.type == "cpu" for t in tensors)
+
+
+def require(condition: torch.Tensor, message: str, *, error: type[Exception] = ValueError) -> None:
+    """Check a data-dependent condition, a 0-dim boolean tensor, according to the current mode.
+
+    When host reads are allowed (:func:`host_reads_allowed`) a false condition raises
+    ``error(message)`` at once; in mode ``"async"`` (and ``"auto"`` off the CPU) it becomes a
+    device-side assertion with no host synchronisation; in mode ``"off"`` nothing is checked.
+    """
+    if _mode == "off" or condition.device.type == "meta":  # a meta tensor has no data to check
+        return
+    if host_reads_allowed(condition):
+        if not bool(condition):
+            raise error(message)
+        return
+    torch._assert_async(condition, message)
+
+
+# --------------------------------------------------------------------------------------------
+# Tensors: kind, dtype, device, shape
+# --------------------------------------------------------------------------------------------
 
 
 def as_float_tensor(x, name: str, *, min_ndim: int = 0, like: torch.Tensor | None = None) -> torch.Tensor:
@@ -32,11 +165,13 @@ def as_float_tensor(x, name: str, *, min_ndim: int = 0, like: torch.Tensor | Non
     """
     if isinstance(x, torch.Tensor):
         t = x
-    elif isinstance(x, (int, float)) or (isinstance(x, (list, tuple)) and len(x) > 0):
+    elif isinstance(x, bool):
+        raise TypeError(f"{name} must be a tensor of floats; got a bool")
+    elif isinstance(x, numbers.Real) or (isinstance(x, (list, tuple)) and len(x) > 0):
         kwargs = {} if like is None else {"dtype": like.dtype, "device": like.device}
         try:
             t = torch.as_tensor(x, **kwargs)
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, RuntimeError) as err:
             raise TypeError(f"{name} must be a tensor or a nested list of numbers; got {type(x).__name__}") from err
         if not t.is_floating_point():
             t = t.to(torch.get_default_dtype() if like is None else like.dtype)
@@ -49,54 +184,25 @@ def as_float_tensor(x, name: str, *, min_ndim: int = 0, like: torch.Tensor | Non
     return t
 
 
-def check_finite(x: torch.Tensor, name: str, *, allow_neg_inf: bool = False) -> None:
-    """Raise ``ValueError`` if ``x`` holds NaN (or ±inf; ``-inf`` allowed when asked)."""
-    # fast path, one pass and one host read.  NaN and ±inf propagate through a sum (inf - inf = NaN),
-    # so a finite sum proves every entry finite; the maximum is NaN or +inf exactly when a NaN or +inf
-    # is present.  A failed fast check (or an overflowing sum) gets the exact checks and their message.
-    if x.is_floating_point() and x.numel():
-        if bool(x.amax() < torch.inf) if allow_neg_inf else bool(torch.isfinite(x.sum())):
-            return
-    if torch.isnan(x).any():
-        raise ValueError(f"{name} contains NaN")
-    bad = torch.isposinf(x) if allow_neg_inf else torch.isinf(x)
-    if bad.any():
-        what = "+inf" if allow_neg_inf else "infinite values"
-        raise ValueError(f"{name} contains {what}")
+def check_same_dtype(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    """Raise ``TypeError`` unless ``x`` and ``ref`` have one dtype."""
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {x.dtype} but {ref_name} has dtype {ref.dtype}; pass both in one dtype")
 
 
-def check_positive(value, name: str, *, allow_zero: bool = False) -> float:
-    """Return ``value`` as a float after checking it is a finite number > 0 (or >= 0)."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise TypeError(f"{name} must be a scalar; got a tensor of shape {tuple(value.shape)}")
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
-    value = float(value)
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or not math.isfinite(value):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number {bound}; got {value}")
-    return value
+def check_same_device(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    """Raise ``ValueError`` unless ``x`` and ``ref`` live on one device."""
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device} but {ref_name} is on {ref.device}; put both on one device")
 
 
-def check_dim(dim: int, ndim: int, name: str = "dim") -> int:
-    """Return ``dim`` normalised to ``[0, ndim)``, or raise ``ValueError`` when out of range."""
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{name} must be an int; got {type(dim).__name__}")
-    if not -ndim <= dim < ndim:
-        raise ValueError(f"{name}={dim} is out of range for a tensor with {ndim} dimension(s)")
-    return dim % ndim
-
-
-def check_int(value, name: str, minimum: int = 1) -> int:
-    """Return ``value`` after checking it is an int (not a bool) and ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return value
+def broadcast_shapes(**shapes: Sequence[int]) -> torch.Size:
+    """The broadcast of named shapes, or ``ValueError`` naming them (``broadcast_shapes(mu=..., Sigma=...)``)."""
+    try:
+        return torch.broadcast_shapes(*(tuple(s) for s in shapes.values()))
+    except RuntimeError as err:
+        listed = ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items())
+        raise ValueError(f"the shapes of {listed} do not broadcast against each other") from err
 
 
 def check_shape_match(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str, dims: Sequence[tuple[int, int]]) -> None:
@@ -109,13 +215,178 @@ def check_shape_match(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str
             )
 
 
+def check_bool_mask(mask, name: str, shape: Sequence[int] | None = None, *, device: torch.device | None = None,
+                    meaning: str = "True = keep") -> torch.Tensor:
+    """Return ``mask`` after checking it is a boolean tensor broadcastable to ``shape``, on ``device``."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        what = type(mask).__name__ if not isinstance(mask, torch.Tensor) else f"a tensor of dtype {mask.dtype}"
+        raise TypeError(f"{name} must be a boolean tensor ({meaning}); got {what}")
+    if device is not None and mask.device != device:
+        raise ValueError(f"{name} is on {mask.device} but must be on {device}, with the tensor it masks")
+    if shape is not None:
+        try:
+            torch.broadcast_shapes(tuple(mask.shape), tuple(shape))
+        except RuntimeError as err:
+            raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to shape {tuple(shape)}") from err
+        if torch.broadcast_shapes(tuple(mask.shape), tuple(shape)) != torch.Size(shape):
+            raise ValueError(f"{name} of shape {tuple(mask.shape)} would enlarge shape {tuple(shape)}")
+    return mask
+
+
+def check_dim(dim: int, ndim: int, name: str = "dim") -> int:
+    """Return ``dim`` normalised to ``[0, ndim)``; ``TypeError`` if not an int, ``ValueError`` if out of range."""
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{name} must be an int; got {type(dim).__name__}")
+    dim = int(dim)
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"{name}={dim} is out of range for a tensor with {ndim} dimension(s)")
+    return dim % ndim
+
+
+# --------------------------------------------------------------------------------------------
+# Python numbers and choices
+# --------------------------------------------------------------------------------------------
+
+
+def check_number(value, name: str, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False, finite: bool = True, hint: str = "") -> float:
+    """Return ``value`` as a float after checking it is a real number in the given bounds.
+
+    ``TypeError`` for anything that is not a real number (bools and tensors with more than one
+    element included); ``ValueError`` for NaN, infinities (unless ``finite=False``) and values
+    outside ``[low, high]`` (open ends with ``low_open``/``high_open``).  A one-element tensor is
+    accepted and read once (a host read on a GPU: pass Python numbers in hot paths).
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"{name} must be a number; got a tensor of shape {tuple(value.shape)}")
+        if value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be a real number; got a tensor of dtype {value.dtype}")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float range
+        value = math.copysign(math.inf, value)
+    bounds = []
+    if low is not None:
+        bounds.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        bounds.append(f"{'<' if high_open else '<='} {high:g}")
+    want = f"a finite number {' and '.join(bounds)}" if finite else f"a number {' and '.join(bounds)}"
+    bad = math.isnan(value) or (finite and math.isinf(value))
+    if low is not None:
+        bad = bad or (value <= low if low_open else value < low)
+    if high is not None:
+        bad = bad or (value >= high if high_open else value > high)
+    if bad:
+        raise ValueError(f"{name} must be {want.strip()}{hint}; got {value!r}")
+    return value
+
+
+def check_positive(value, name: str, *, allow_zero: bool = False) -> float:
+    """Return ``value`` as a float after checking it is a finite number > 0 (or >= 0)."""
+    return check_number(value, name, low=0.0, low_open=not allow_zero)
+
+
+def check_int(value, name: str, minimum: int | None = 1, maximum: int | None = None) -> int:
+    """Return ``value`` after checking it is an int (not a bool) in ``[minimum, maximum]``.
+
+    ``TypeError`` for a non-integer (``3.0`` included), ``ValueError`` when out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}; got {value}")
+    return value
+
+
+def check_choice(value, name: str, options: Sequence):
+    """Return ``value`` if it is one of ``options``; ``TypeError`` if not a string, else ``ValueError``."""
+    if not isinstance(value, str) and all(isinstance(o, str) for o in options):
+        raise TypeError(f"{name} must be one of {tuple(options)}; got {type(value).__name__}")
+    if value not in options:
+        raise ValueError(f"{name} must be one of {tuple(options)}; got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Data checks (through `require`: no host read off the CPU unless asked for)
+# --------------------------------------------------------------------------------------------
+
+
+def check_finite(x: torch.Tensor, name: str, *, allow_neg_inf: bool = False) -> None:
+    """Raise ``ValueError`` if ``x`` holds NaN or ±inf (``-inf`` allowed when asked), per :func:`require`."""
+    if not x.is_floating_point() or x.numel() == 0 or _mode == "off":
+        return
+    if not host_reads_allowed(x):
+        # One reduction, no read: the maximum is NaN or +inf exactly when a NaN or +inf is present.
+        ok = x.amax() < math.inf if allow_neg_inf else torch.isfinite(x).all()
+        what = "NaN or +inf" if allow_neg_inf else "NaN or infinite values"
+        require(ok, f"{name} contains {what}")
+        return
+    # Fast path, one pass and one read: NaN and ±inf propagate through a sum (inf - inf = NaN), so a
+    # finite sum proves every entry finite.  A failed fast check (or an overflowing sum) gets the
+    # exact checks and their message.
+    if bool(x.amax() < math.inf) if allow_neg_inf else bool(torch.isfinite(x.sum())):
+        return
+    if torch.isnan(x).any():
+        raise ValueError(f"{name} contains NaN")
+    bad = torch.isposinf(x) if allow_neg_inf else torch.isinf(x)
+    if bad.any():
+        what = "+inf" if allow_neg_inf else "infinite values"
+        raise ValueError(f"{name} contains {what}")
+
+
+def check_nonnegative(x: torch.Tensor, name: str, *, what: str = "") -> None:
+    """Raise ``ValueError`` if ``x`` holds a negative entry or NaN (per :func:`require`)."""
+    if x.numel() == 0:
+        return
+    # NaN >= 0 is False, so one reduction catches both.
+    require((x >= 0).all(), f"{name} must be non-negative{what}; found a negative entry or NaN")
+
+
 def check_probability_vector(p: torch.Tensor, name: str, *, dim: int = -1, atol: float | None = None) -> None:
-    """Check that ``p`` is non-negative and sums to one along ``dim``."""
-    if (p < 0).any():
-        raise ValueError(f"{name} must be non-negative; found entries < 0")
+    """Check that ``p`` is non-negative and sums to one along ``dim`` (per :func:`require`)."""
+    check_nonnegative(p, name)
     if atol is None:
         atol = 1e-3 if p.dtype in (torch.float16, torch.bfloat16) else (1e-5 if p.dtype == torch.float32 else 1e-10)
-    total = p.sum(dim=dim)
-    if not torch.allclose(total, torch.ones_like(total), atol=atol, rtol=0.0):
-        worst = (total - 1).abs().max().item()
-        raise ValueError(f"{name} must sum to 1 along dim {dim}; off by up to {worst:.3g}")
+    if p.numel() == 0:
+        return
+    off = (p.sum(dim=dim) - 1).abs()
+    if host_reads_allowed(p):
+        if not bool((off <= atol).all()):
+            raise ValueError(f"{name} must sum to 1 along dim {dim}; off by up to {off.max().item():.3g}")
+        return
+    require((off <= atol).all(), f"{name} must sum to 1 along dim {dim} (within {atol:g})")
+
+
+def check_spd(S: torch.Tensor, name: str) -> None:
+    """Check ``S`` has shape ``(..., D, D)`` (always) and holds finite symmetric positive-definite matrices.
+
+    Symmetry is relative: ``|S - S^T| <= sqrt(eps) max|S|``.  Positive definiteness is a Cholesky
+    factorization in at least float32 (half precision has none).
+    """
+    if S.ndim < 2 or S.shape[-1] != S.shape[-2]:
+        raise ValueError(f"{name} must have shape (..., D, D) with square trailing dimensions; got {tuple(S.shape)}")
+    check_finite(S, name)
+    if S.numel() == 0 or _mode == "off":
+        return
+    work = S.to(torch.float32) if S.dtype in (torch.float16, torch.bfloat16) else S
+    scale = work.abs().amax().clamp_min(torch.finfo(work.dtype).tiny)
+    tol = math.sqrt(torch.finfo(work.dtype).eps)
+    asym = (work - work.transpose(-1, -2)).abs().amax()
+    if host_reads_allowed(S):
+        if bool(asym > tol * scale):
+            raise ValueError(
+                f"{name} must be symmetric; max |{name} - {name}^T| = {asym.item():.3g} "
+                f"(relative {(asym / scale).item():.3g} > {tol:.1g})"
+            )
+    else:
+        require(asym <= tol * scale, f"{name} must be symmetric (relative asymmetry above {tol:.1g})")
+    _, info = torch.linalg.cholesky_ex(0.5 * (work + work.transpose(-1, -2)))
+    require((info == 0).all(), f"{name} must be positive definite; at least one matrix is not (Cholesky failed)")
