@@ -268,7 +268,7 @@ def check_number(value, name: str, *, low: float | None = None, high: float | No
     try:
         value = float(value)
     except OverflowError:  # an int beyond float range
-        value = math.copysign(math.inf, value)
+        value = math.inf if value > 0 else -math.inf
     bounds = []
     if low is not None:
         bounds.append(f"{'>' if low_open else '>='} {low:g}")

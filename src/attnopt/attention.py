@@ -19,7 +19,17 @@ import math
 
 import torch
 
-from ._validation import as_float_tensor, check_positive, check_shape_match
+from ._validation import (
+    as_float_tensor,
+    broadcast_shapes,
+    check_bool_mask,
+    check_finite,
+    check_positive,
+    check_same_device,
+    check_same_dtype,
+    check_shape_match,
+    require,
+)
 
 __all__ = ["attention_scores", "attention_weights", "scaled_dot_product_attention"]
 
@@ -34,32 +44,68 @@ def attention_scores(
 ) -> torch.Tensor:
     r"""Scores :math:`s_{ij} = \mathrm{scale}\,\langle q_i, k_j\rangle + b_{ij}`, ``-inf`` where masked.
 
+    The scale is applied as :math:`\sqrt{\mathrm{scale}}` to both factors before the product (as
+    PyTorch's reference SDPA does), so no intermediate overflows when the scores themselves fit the
+    dtype.  When they do not (e.g. entries of 1e20 in float32), the scores are not representable
+    and a ``ValueError`` says so, rather than a NaN further down.
+
     Args:
         query: ``(..., n_queries, d)``.
         key: ``(..., n_keys, d)``; leading dimensions broadcast against ``query``'s.
         mask: optional boolean tensor broadcastable to ``(..., n_queries, n_keys)``;
             ``True`` marks a key a query may attend to (the convention of PyTorch's SDPA).
         bias: optional floating tensor broadcastable to the scores, added before the softmax
-            (T5's relative-position bias, ALiBi, ...).
+            (T5's relative-position bias, ALiBi, ...); ``-inf`` entries forbid a key.
         scale: multiplies the inner products; defaults to :math:`1/\sqrt{d}`.
 
     Returns:
-        The ``(..., n_queries, n_keys)`` score tensor.
+        The ``(..., n_queries, n_keys)`` score tensor, in the dtype of ``query``.
+
+    Raises:
+        TypeError: non-floating inputs, ``query``/``key``/``bias`` of different dtypes, a mask
+            that is not boolean.
+        ValueError: shapes that do not match or broadcast, tensors on different devices, NaN or
+            infinite ``query``/``key``, NaN or ``+inf`` ``bias``, ``scale <= 0``, scores that
+            overflow the dtype.
+
+    Example:
+        >>> q, k = torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+        >>> attention_scores(q, k, scale=1.0)
+        tensor([[2., 0.]])
     """
     query = as_float_tensor(query, "query", min_ndim=2)
     key = as_float_tensor(key, "key", min_ndim=2)
+    check_same_dtype(key, "key", query, "query")
+    check_same_device(key, "key", query, "query")
     check_shape_match(query, "query", key, "key", [(-1, -1)])
+    batch = broadcast_shapes(query=query.shape[:-2], key=key.shape[:-2])
+    shape = tuple(batch) + (query.shape[-2], key.shape[-2])
     if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
+        scale = 1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0
     else:
         scale = check_positive(scale, "scale")
-    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
     if bias is not None:
         bias = as_float_tensor(bias, "bias")
+        check_same_dtype(bias, "bias", query, "query")
+        check_same_device(bias, "bias", query, "query")
+        if broadcast_shapes(bias=bias.shape, scores=shape) != torch.Size(shape):
+            raise ValueError(f"bias of shape {tuple(bias.shape)} would enlarge the scores of shape {shape}")
+        check_finite(bias, "bias", allow_neg_inf=True)
+    if mask is not None:
+        check_bool_mask(mask, "mask", shape, device=query.device, meaning="True = may attend; for an additive mask use bias")
+    check_finite(query, "query")
+    check_finite(key, "key")
+    root = math.sqrt(scale)
+    scores = torch.matmul(query * root, (key * root).transpose(-2, -1))
+    if scores.numel():
+        require(
+            torch.isfinite(scores).all(),
+            f"the scaled inner products of query and key overflow {query.dtype} (|scale <q, k>| above "
+            f"{torch.finfo(query.dtype).max:.3g}); use float64 or smaller query/key",
+        )
+    if bias is not None:
         scores = scores + bias
     if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise TypeError("mask must be a boolean tensor (True = may attend); for an additive float mask use bias")
         scores = scores.masked_fill(~mask, float("-inf"))
     return scores
 
@@ -69,7 +115,26 @@ def attention_weights(scores: torch.Tensor) -> torch.Tensor:
 
     A row whose scores are all ``-inf`` (a query that may attend to nothing) gets all-zero
     weights instead of NaN, so its output is the zero vector.
+
+    Args:
+        scores: ``(..., n_keys)``; ``-inf`` forbids a key.
+
+    Returns:
+        Weights shaped and typed like ``scores`` (empty for empty scores).
+
+    Raises:
+        TypeError: ``scores`` not floating.
+        ValueError: NaN or ``+inf`` scores.
+
+    Example:
+        >>> attention_weights(torch.tensor([[0.0, 0.0], [float("-inf"), float("-inf")]]))
+        tensor([[0.5000, 0.5000],
+                [0.0000, 0.0000]])
     """
+    scores = as_float_tensor(scores, "scores", min_ndim=1)
+    check_finite(scores, "scores", allow_neg_inf=True)
+    if scores.numel() == 0:
+        return scores * 0
     dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
     # Neutralise dead rows *before* the softmax: a softmax of all -inf is NaN, and NaN would leak
     # into the backward pass even where the forward replaced it.
@@ -96,6 +161,11 @@ def scaled_dot_product_attention(
 
     Returns:
         ``(output, weights)`` of shapes ``(..., n_queries, d_v)`` and ``(..., n_queries, n_keys)``.
+        With no keys, the output is zero (every query is a dead row).
+
+    Raises:
+        TypeError, ValueError: as :func:`attention_scores`; also for a ``value`` of another
+        dtype, device or number of keys, or with NaN or infinite entries.
 
     Example:
         >>> q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3)
@@ -104,6 +174,10 @@ def scaled_dot_product_attention(
         (torch.Size([2, 5, 3]), torch.Size([2, 5, 7]))
     """
     value = as_float_tensor(value, "value", min_ndim=2)
+    key = as_float_tensor(key, "key", min_ndim=2)
+    check_same_dtype(value, "value", key, "key")
+    check_same_device(value, "value", key, "key")
     check_shape_match(key, "key", value, "value", [(-2, -2)])
+    check_finite(value, "value")
     weights = attention_weights(attention_scores(query, key, mask=mask, bias=bias, scale=scale))
     return torch.matmul(weights, value), weights

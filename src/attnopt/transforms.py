@@ -40,7 +40,21 @@ import torch
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
-from ._validation import as_float_tensor, check_dim, check_finite, check_int, check_positive
+from ._validation import (
+    as_float_tensor,
+    broadcast_shapes,
+    check_bool_mask,
+    check_choice,
+    check_dim,
+    check_finite,
+    check_int,
+    check_nonnegative,
+    check_number,
+    check_positive,
+    check_same_device,
+    host_reads_allowed,
+    require,
+)
 
 __all__ = [
     "alibi_log_prior",
@@ -67,6 +81,13 @@ def _prepare(scores, dim: int, name: str = "scores") -> tuple[torch.Tensor, int]
     return x, check_dim(dim, x.ndim)
 
 
+def _empty_result(x: torch.Tensor) -> torch.Tensor:
+    """The result for an input with no entries (no rows, or rows of no keys): itself, times 0.
+
+    Multiplying keeps the autograd graph, so an empty batch flows through training code."""
+    return x * 0
+
+
 def _work_dtype(x: torch.Tensor) -> torch.dtype:
     # Half precision would lose the threshold entirely; float64 stays float64 (gradcheck).
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
@@ -91,19 +112,6 @@ def _safe_max(y: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(top), top, torch.zeros_like(top))
 
 
-def _check_alpha(alpha) -> float:
-    if isinstance(alpha, torch.Tensor):
-        if alpha.numel() != 1:
-            raise TypeError(f"alpha must be a scalar; got a tensor of shape {tuple(alpha.shape)}")
-        alpha = alpha.item()
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"alpha must be a real number >= 1; got {type(alpha).__name__}")
-    alpha = float(alpha)
-    if not math.isfinite(alpha) or alpha < 1.0:
-        raise ValueError(f"alpha must be a finite number >= 1 (alpha=1 is softmax); got {alpha}")
-    return alpha
-
-
 def _entmax_vjp(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     r"""Jacobian-vector product of every entmax: :math:`s\odot(g - \langle s,g\rangle/\textstyle\sum s)`.
 
@@ -118,12 +126,11 @@ def _entmax_vjp(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def _resolve_method(method: str, x: torch.Tensor) -> str:
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
+    check_choice(method, "method", _METHODS)
     if method == "auto":
-        # On CPU a full sort costs far more than a handful of Newton passes; on GPUs sorting is
-        # cheap and the Newton certificate would need a host synchronization.
-        return "newton" if x.device.type == "cpu" else "sort"
+        # On CPU a full sort costs far more than a handful of Newton passes (which read the host to
+        # retire settled rows, free there); on GPUs sorting is cheap and never synchronises.
+        return "newton" if host_reads_allowed(x) else "sort"
     return method
 
 
@@ -174,12 +181,19 @@ def softmax(scores: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tens
     Raises:
         TypeError: ``scores`` not a floating tensor, ``dim`` not an int.
         ValueError: ``tau <= 0``, ``dim`` out of range, NaN or ``+inf`` scores.
+
+    Example:
+        >>> softmax(torch.tensor([1.0, 2.0, float("-inf")]), tau=0.5)
+        tensor([0.1192, 0.8808, 0.0000])
     """
     x, d = _prepare(scores, dim)
     tau = check_positive(tau, "tau")
+    if x.numel() == 0:
+        return _empty_result(x)
     z = _to_last(x, d)
     if tau != 1.0:
-        z = z / tau
+        # Shift by the row maximum *before* dividing: a small tau would overflow s / tau.
+        z = (z - _safe_max(z)) / tau
     return _from_last(_softmax_last(z), d, x)
 
 
@@ -215,26 +229,30 @@ def prior_softmax(
         Weights shaped like the broadcast of ``scores`` and ``prior``, in ``scores``' dtype.
 
     Raises:
-        ValueError: negative or NaN prior, ``tau <= 0``, shapes that do not broadcast.
+        TypeError: ``scores`` or ``prior`` not floating.
+        ValueError: negative, NaN or ``+inf`` prior (``+inf`` or NaN log-prior), ``tau <= 0``,
+            shapes that do not broadcast, tensors on different devices.
     """
-    x, _ = _prepare(scores, dim)
+    x, d = _prepare(scores, dim)
     tau = check_positive(tau, "tau")
     prior = as_float_tensor(prior, "prior", like=x)
+    check_same_device(prior, "prior", x, "scores")
+    shape = broadcast_shapes(scores=x.shape, prior=prior.shape)
     if log_prior:
         check_finite(prior, "prior", allow_neg_inf=True)
         log_pi = prior.to(_work_dtype(x))
     else:
         check_finite(prior, "prior")
-        if (prior < 0).any():
-            raise ValueError("prior must be non-negative (a zero entry forbids that key)")
+        check_nonnegative(prior, "prior", what=" (a zero entry forbids that key)")
         pi = prior.to(_work_dtype(x))
         positive = pi > 0
         # log(0) = -inf would send 0 * inf = NaN into the prior's gradient; mask it instead.
         log_pi = torch.where(positive, torch.log(torch.where(positive, pi, torch.ones_like(pi))), -torch.inf)
-    try:
-        z = x.to(_work_dtype(x)) / tau + log_pi
-    except RuntimeError as err:
-        raise ValueError(f"prior of shape {tuple(prior.shape)} does not broadcast to scores of shape {tuple(x.shape)}") from err
+    if 0 in shape:
+        return _empty_result(torch.broadcast_to(x, shape))
+    # Shift the scores by their row maximum before dividing: a small tau would overflow s / tau.
+    z = x.to(_work_dtype(x))
+    z = (z - _safe_max(z.movedim(d, -1)).movedim(-1, d)) / tau + log_pi
     d = check_dim(dim, z.ndim)
     return _from_last(_softmax_last(_to_last(z, d)), d, x)
 
@@ -267,15 +285,37 @@ def alibi_log_prior(
         device, dtype: of the result (default: those of ``slope`` if a tensor, else torch defaults).
 
     Returns:
-        ``(n_queries, n_keys)`` or ``(n_heads, n_queries, n_keys)`` log-prior.
+        ``(n_queries, n_keys)`` or ``(n_heads, n_queries, n_keys)`` log-prior (empty when a length
+        is 0).
+
+    Raises:
+        TypeError: lengths not ints, ``slope`` not a number or floating tensor, ``dtype`` not floating.
+        ValueError: negative lengths; a slope that is not finite and > 0; ``causal`` with more
+            queries than keys (aligned with the last keys, the first queries would see no key).
+
+    Example:
+        >>> alibi_log_prior(2, 3, 0.5)
+        tensor([[-0.5000, -0.0000,    -inf],
+                [-1.0000, -0.5000, -0.0000]])
     """
-    n_queries = check_int(n_queries, "n_queries")
-    n_keys = check_int(n_keys, "n_keys")
+    n_queries = check_int(n_queries, "n_queries", minimum=0)
+    n_keys = check_int(n_keys, "n_keys", minimum=0)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    if causal and n_queries > n_keys:
+        raise ValueError(
+            f"causal ALiBi needs n_queries <= n_keys (queries are aligned with the last keys, so the first "
+            f"{n_queries - n_keys} of n_queries={n_queries} would see none of n_keys={n_keys}); pass causal=False "
+            "or more keys"
+        )
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
     if isinstance(slope, torch.Tensor):
+        slope = as_float_tensor(slope, "slope")
         if slope.ndim > 1:
             raise ValueError(f"slope must be a scalar or a 1-D tensor of per-head slopes; got shape {tuple(slope.shape)}")
-        if (slope <= 0).any():
-            raise ValueError("slope must be > 0")
+        # NaN > 0 is False and inf is caught by the finiteness test: one reduction for both.
+        require(((slope > 0) & torch.isfinite(slope)).all(), "slope must hold finite numbers > 0")
         device = slope.device if device is None else device
         dtype = slope.dtype if dtype is None else dtype
         m = slope.to(device=device, dtype=dtype)
@@ -323,87 +363,96 @@ def _threshold_sort(y: torch.Tensor, power: int) -> torch.Tensor:
 
 
 def _threshold_newton(x: torch.Tensor, top: torch.Tensor, power: int, buf: torch.Tensor, max_steps: int = 12) -> torch.Tensor:
-    r"""The threshold of :func:`_threshold_sort`, in the units of ``x``, by Newton passes from below.
+    r"""The threshold of :func:`_threshold_sort`, relative to the row maximum, by Newton passes from below.
 
-    With :math:`\theta` in the units of the scores, sparsemax is :math:`p=[x-\theta]_+` and 1.5-entmax
-    is :math:`p=[(x-\theta)/2]_+^2`, so :math:`\theta` solves
-    :math:`f(\theta)=\sum_j[x_j-\theta]_+^{power}=power^2`.  :math:`f` is convex and decreasing, so
-    Newton steps started at the lower bound :math:`\max_j x_j-power` increase monotonically to the
-    root, and the support :math:`S=\{x_j>\theta\}` shrinks to the true one.  For ``power=1`` a step
-    is Michelot's :math:`\theta\leftarrow(\sum_S x_j-1)/|S|`, the root on the current support, exact
-    as soon as :math:`S` stops changing.  For ``power=2`` the root on a fixed support is the smaller
-    root of a quadratic; it is taken once :math:`S` stops changing and certified by one more pass
-    (the support it gives must be the one it was computed on).  Rows that fail the certificate or
-    run out of steps (rare) are solved by sorting, so the result is exact.
+    With :math:`y = x - \max_j x_j` and a threshold :math:`\delta` in the units of the scores,
+    sparsemax is :math:`p=[y-\delta]_+` and 1.5-entmax is :math:`p=[(y-\delta)/2]_+^2`, so
+    :math:`\delta` solves :math:`f(\delta)=\sum_j[y_j-\delta]_+^{power}=power^2`.  Working in
+    :math:`y` rather than :math:`x` makes the result shift invariant: a threshold in the units of
+    :math:`x` near :math:`10^7` would carry a rounding error of the order of the gaps between the
+    scores.  :math:`y` is never stored: each pass forms :math:`(x-\max)-\delta` in the scratch
+    buffer, two in-place operations.
+
+    :math:`f` is convex and decreasing, so Newton steps started at the lower bound
+    :math:`-power` increase monotonically to the root, and the support
+    :math:`S=\{y_j>\delta\}` shrinks to the true one.  For ``power=1`` a step is Michelot's
+    :math:`\delta\leftarrow(\sum_S y_j-1)/|S|`, the root on the current support, exact as soon as
+    :math:`S` stops changing.  For ``power=2`` the root on a fixed support is the smaller root of
+    a quadratic; it is taken once :math:`S` stops changing and certified by one more pass (the
+    support it gives must be the one it was computed on).  Rows that fail the certificate or run
+    out of steps (rare) are solved by sorting, so the result is exact.
 
     Speed: every pass works in the preallocated buffer ``buf`` (shaped like ``x``) with in-place
     operations, since on large inputs a fresh tensor per operation costs several times the
-    arithmetic (page faults).  On CPU, where a host synchronisation is free, rows whose support has
-    settled are retired after each pass and later passes touch only the unsettled rows; on other
-    devices every row takes ``max_steps`` passes and no pass synchronises.
+    arithmetic (page faults).  Where host reads are allowed (:func:`host_reads_allowed`: the
+    CPU), rows whose support has settled are retired after each pass and later passes touch
+    only the unsettled rows; elsewhere every row takes ``max_steps`` passes and no pass reads
+    the host, but the sorting fallback reads one flag (``method="auto"`` sorts there instead).
     """
     target = float(power * power)
     n = x.shape[-1]
     rows, scratch = x.reshape(-1, n), buf.view(-1, n)
     tops = top.reshape(-1, 1)
-    theta = tops - power  # f(max - power) >= power^2: the top key alone contributes that much
-    if power == 1 and n > 0 and bool(x.amin() > -torch.inf):
+    delta = torch.full_like(tops, -float(power))  # f(-power) >= power^2: the top key alone gives that much
+    reads = host_reads_allowed(x)
+    if power == 1 and reads and bool(x.amin() > -torch.inf):
         # The full-support solution is another lower bound, and the answer for dense rows.
-        theta = torch.maximum(theta, (rows.sum(dim=-1, keepdim=True) - 1) / n)
+        shifted_sum = torch.sub(rows, tops, out=scratch).sum(dim=-1, keepdim=True)
+        delta = torch.maximum(delta, (shifted_sum - 1) / n)
 
-    def moments(xa, th, out):  # sum of [x - th]_+, of its square (power 2), and the support size
-        s1 = torch.sub(xa, th, out=out).clamp_(min=0).sum(dim=-1, keepdim=True)
+    def moments(xa, ta, d, out):  # sum of [y - d]_+, of its square (power 2), and the support size
+        s1 = torch.sub(xa, ta, out=out).sub_(d).clamp_(min=0).sum(dim=-1, keepdim=True)
         s2 = out.square_().sum(dim=-1, keepdim=True) if power == 2 else None
         return s1, s2, out.sign_().sum(dim=-1, keepdim=True)
 
-    def root_on_support(th, s1, s2, size):
+    def root_on_support(d, s1, s2, size):
         k = size.clamp(min=1)
         if power == 1:
-            return th + (s1 - 1) / k
-        return th + (s1 - torch.sqrt(torch.clamp(s1 * s1 - k * (s2 - target), min=0))) / k
+            return d + (s1 - 1) / k
+        return d + (s1 - torch.sqrt(torch.clamp(s1 * s1 - k * (s2 - target), min=0))) / k
 
-    def newton_step(th, s1, s2, size):
+    def newton_step(d, s1, s2, size):
         if power == 1:
-            return root_on_support(th, s1, s2, size)
+            return root_on_support(d, s1, s2, size)
         live = s1 > 0  # dead (all -inf) rows do not move
-        return th + torch.where(live, (s2 - target) / torch.where(live, 2 * s1, 1.0), 0.0)
+        return d + torch.where(live, (s2 - target) / torch.where(live, 2 * s1, 1.0), 0.0)
 
-    if x.device.type != "cpu":
+    if not reads:
         for _ in range(max_steps):
-            theta = newton_step(theta, *moments(rows, theta, scratch))
-        s1, s2, size = moments(rows, theta, scratch)
-        result, sizes = root_on_support(theta, s1, s2, size), size
+            delta = newton_step(delta, *moments(rows, tops, delta, scratch))
+        s1, s2, size = moments(rows, tops, delta, scratch)
+        result, sizes = root_on_support(delta, s1, s2, size), size
         unsettled = torch.zeros_like(size, dtype=torch.bool).squeeze(-1)
     else:
-        result, sizes = torch.empty_like(theta), torch.empty_like(theta)
+        result, sizes = torch.empty_like(delta), torch.empty_like(delta)
         active = torch.arange(len(rows), device=x.device)  # the rows still iterating
-        xa, th, previous = rows, theta, None
+        xa, ta, da, previous = rows, tops, delta, None
         for _ in range(max_steps):
-            s1, s2, size = moments(xa, th, scratch[: len(xa)])
+            s1, s2, size = moments(xa, ta, da, scratch[: len(xa)])
             if previous is not None:
                 settled = (size == previous).squeeze(-1)
                 # Retiring rows copies the rest, so it waits until at least half have settled.
                 if 2 * int(settled.sum()) >= len(active):
                     done = active[settled]
-                    result[done] = root_on_support(th[settled], s1[settled], s2[settled] if power == 2 else None, size[settled])
+                    result[done] = root_on_support(da[settled], s1[settled], s2[settled] if power == 2 else None, size[settled])
                     sizes[done] = size[settled]
                     keep = ~settled
-                    active, xa, th, s1, size = active[keep], xa[keep], th[keep], s1[keep], size[keep]
+                    active, xa, ta, da, s1, size = active[keep], xa[keep], ta[keep], da[keep], s1[keep], size[keep]
                     s2 = s2[keep] if power == 2 else None
                     if not len(active):
                         break
-            th, previous = newton_step(th, s1, s2, size), size
+            da, previous = newton_step(da, s1, s2, size), size
         unsettled = torch.zeros(len(rows), dtype=torch.bool, device=x.device)
         unsettled[active] = True
-        result[active] = th
-    # Certificate (Michelot's settled rows on CPU are exact by construction and need none).
+        result[active] = da
+    # Certificate (Michelot's settled rows are exact by construction and need none).
     bad = unsettled
-    if power == 2 or x.device.type != "cpu":
-        count = torch.sub(rows, result, out=scratch).clamp_(min=0).sign_().sum(dim=-1, keepdim=True)
+    if power == 2 or not reads:
+        count = torch.sub(rows, tops, out=scratch).sub_(result).clamp_(min=0).sign_().sum(dim=-1, keepdim=True)
         bad = bad | (count != sizes).squeeze(-1)
-    if bool(bad.any()):  # one host sync per call, outside any loop
+    if bool(bad.any()):  # one host read per call, outside any loop
         y = (rows[bad] - tops[bad]) / power
-        result[bad] = tops[bad] + power * _threshold_sort(y, power)
+        result[bad] = power * _threshold_sort(y, power)
     return result.reshape(top.shape)
 
 
@@ -423,8 +472,8 @@ class _SparseEntmaxFunction(Function):
             p = torch.clamp(y - _threshold_sort(y, power), min=0)
         else:
             buf = torch.empty_like(x)
-            theta = _threshold_newton(x, top, power, buf)
-            p = torch.sub(x, theta, out=buf).clamp_(min=0)  # the buffer's pages are already mapped
+            delta = _threshold_newton(x, top, power, buf)
+            p = torch.sub(x, top, out=buf).sub_(delta).clamp_(min=0)  # the buffer's pages are already mapped
             if power == 2:
                 p.mul_(0.5)
         if power == 2:
@@ -467,8 +516,11 @@ def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> t
         ValueError: ``dim`` out of range, NaN/``+inf`` scores, unknown ``method``.
     """
     x, d = _prepare(scores, dim)
+    method = _resolve_method(method, x)
+    if x.numel() == 0:
+        return _empty_result(x)
     y = _to_last(x, d)
-    return _from_last(_SparseEntmaxFunction.apply(y, 1, _resolve_method(method, y)), d, x)
+    return _from_last(_SparseEntmaxFunction.apply(y, 1, method), d, x)
 
 
 def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> torch.Tensor:
@@ -493,8 +545,11 @@ def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> to
         Sparse weights shaped and typed like ``scores``.
     """
     x, d = _prepare(scores, dim)
+    method = _resolve_method(method, x)
+    if x.numel() == 0:
+        return _empty_result(x)
     y = _to_last(x, d)
-    return _from_last(_SparseEntmaxFunction.apply(y, 2, _resolve_method(method, y)), d, x)
+    return _from_last(_SparseEntmaxFunction.apply(y, 2, method), d, x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -611,11 +666,13 @@ def entmax(
         ValueError: ``alpha < 1``, ``tol <= 0``, ``n_iter < 1``, ``dim`` out of range.
     """
     x, d = _prepare(scores, dim)
-    alpha = _check_alpha(alpha)
+    alpha = check_number(alpha, "alpha", low=1.0, hint=" (alpha=1 is softmax)")
     tol = check_positive(tol, "tol")
     if n_iter is None:
         n_iter = max(1, math.ceil(math.log2(1.0 / tol)))
     n_iter = check_int(n_iter, "n_iter")
+    if x.numel() == 0:
+        return _empty_result(x)
     y = _to_last(x, d)
     if alpha - 1.0 <= 1e-6:
         return _from_last(_softmax_last(y), d, x)
@@ -759,25 +816,27 @@ def one_sided_eot(
         ValueError: ``eps <= 0``, unknown regularizer, ``alpha <= 1`` for Tsallis, missing prior.
     """
     c = as_float_tensor(cost, "cost", min_ndim=1)
-    if torch.isnan(c).any() or torch.isneginf(c).any():
-        raise ValueError("cost contains NaN or -inf (use +inf to forbid a key)")
+    # -inf costs (and NaN) have no meaning here; +inf forbids a key.  -cost < +inf is exactly that.
+    check_finite(-c, "cost", allow_neg_inf=True)
     d = check_dim(dim, c.ndim)
     eps = check_positive(eps, "eps")
     n_iter = check_int(n_iter, "n_iter")
+    if not callable(regularizer):
+        check_choice(regularizer, "regularizer", ("entropy", "sparsemax", "l2", "tsallis", "kl"))
+    if regularizer == "tsallis":
+        alpha = check_number(alpha, "alpha", low=1.0, low_open=True, hint=" for the Tsallis regularizer (alpha=1 is 'entropy')")
+    if regularizer == "kl" and prior is None:
+        raise ValueError("regularizer='kl' needs a prior")
+    if c.numel() == 0:
+        return _empty_result(c)
     work = c.movedim(d, -1).to(torch.float64)
     active = torch.isfinite(work)
     log_prior = None
-    if regularizer == "tsallis":
-        alpha = _check_alpha(alpha)
-        if alpha == 1.0:
-            raise ValueError("alpha must be > 1 for the Tsallis regularizer (alpha=1 is 'entropy')")
     if regularizer == "kl":
-        if prior is None:
-            raise ValueError("regularizer='kl' needs a prior")
         pi = as_float_tensor(prior, "prior", like=c)
         check_finite(pi, "prior")
-        if (pi < 0).any():
-            raise ValueError("prior must be non-negative")
+        check_nonnegative(pi, "prior")
+        broadcast_shapes(cost=c.shape, prior=pi.shape)
         pi = torch.broadcast_to(pi, c.shape).movedim(d, -1).to(torch.float64)
         active = active & (pi > 0)
         log_prior = torch.log(torch.where(pi > 0, pi, torch.ones_like(pi)))
@@ -877,15 +936,20 @@ class _SinkhornUnrolledFunction(Function):
         for s in range(len(kernels) - 1, -1, -1):
             K, left, right = kernels[s], [], []  # this segment's dK = sum of left_i right_i^T
             for u_prev, col, v_t, row, u_t in reversed(ctx.steps[s]):
-                drow = torch.where(row_live, -du * u_t / row.clamp(min=tiny), zero_a)
+                # Where the forward clamped a sum that underflowed (v = b / max(c, tiny)), the clamp's
+                # derivative is 0: without this the adjoint would be inf and meet K = 0 as NaN.
+                drow = torch.where(row_live & (row >= tiny), -du * u_t / row.clamp(min=tiny), zero_a)
                 dv = dv + torch.matmul(drow.unsqueeze(-2), K).squeeze(-2)
-                dcol = torch.where(col_live, -dv * v_t / col.clamp(min=tiny), zero_b)
+                dcol = torch.where(col_live & (col >= tiny), -dv * v_t / col.clamp(min=tiny), zero_b)
                 du = torch.matmul(K, dcol.unsqueeze(-1)).squeeze(-1)  # the adjoint of u_prev
                 left += [drow, u_prev]
                 right += [v_t, dcol]
                 dv = zero_b  # an earlier v is used by its own row update only
             seg = torch.matmul(torch.stack(left, dim=-1), torch.stack(right, dim=-2))
-            dZ = (seg if dK is None else dK.add_(seg)).mul_(K)  # K = exp(Z), Z = M + f (+) g
+            dZ = seg if dK is None else dK.add_(seg)
+            # K = exp(Z), Z = M + f (+) g.  Where K underflowed to 0 the chain is 0 times an adjoint that
+            # may have overflowed (u, v near 1 / tiny): the derivative of the computed K is exactly 0.
+            dZ = dZ.mul_(K).masked_fill_(K == 0, 0.0)
             dK = None
             grad_M = dZ if grad_M is None else grad_M.add_(dZ)
             # f_s = f_(s-1) + log u_last: the potentials' adjoints accumulate down the segments.
@@ -930,7 +994,8 @@ class _SinkhornImplicitFunction(Function):
         w = w / w.sum(dim=-1, keepdim=True).clamp(min=1)
         schur = schur + w.unsqueeze(-1) * w.unsqueeze(-2) + torch.diag_embed((~col_live).to(plan.dtype))
         rhs = c - (plan.transpose(-1, -2) @ (r / a_safe).unsqueeze(-1)).squeeze(-1)
-        y = torch.linalg.solve(schur, rhs.unsqueeze(-1)).squeeze(-1)
+        # solve_ex: the pinned Schur complement is nonsingular, and solve() would read its error flag
+        y = torch.linalg.solve_ex(schur, rhs.unsqueeze(-1))[0].squeeze(-1)
         x = torch.where(row_live, (r - (plan @ y.unsqueeze(-1)).squeeze(-1)) / a_safe, torch.zeros_like(a))
         grad_M = plan * (G - x.unsqueeze(-1) - y.unsqueeze(-2))
         return grad_M, None, None, None, None
@@ -980,38 +1045,37 @@ def sinkhorn_attention(
         Attention weights :math:`W` shaped like ``scores``, in its dtype.
 
     Raises:
-        ValueError: ``eps <= 0``, ``n_iter < 1``, unknown ``grad``, masks that do not fit.
+        TypeError: ``scores`` not floating, masks not boolean tensors.
+        ValueError: NaN or ``+inf`` scores, ``eps <= 0``, ``n_iter < 1``, unknown ``grad``, masks
+            that do not fit.  Empty scores give an empty result.
     """
     x = as_float_tensor(scores, "scores", min_ndim=2)
     check_finite(x, "scores", allow_neg_inf=True)
     eps = check_positive(eps, "eps")
     n_iter = check_int(n_iter, "n_iter")
     absorb_every = check_int(absorb_every, "absorb_every")
-    if grad not in ("unrolled", "implicit"):
-        raise ValueError(f"grad must be 'unrolled' or 'implicit'; got {grad!r}")
-    M = x.to(_work_dtype(x)) / eps
-    finite = torch.isfinite(M)
-    rows = finite.any(dim=-1)
-    cols = finite.any(dim=-2)
-    for mask, name, live, size in ((key_mask, "key_mask", "cols", x.shape[-1]), (query_mask, "query_mask", "rows", x.shape[-2])):
-        if mask is None:
-            continue
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"{name} must be a boolean tensor (True = real token)")
-        if mask.shape[-1:] != (size,):
-            raise ValueError(f"{name} must have last dimension {size}; got shape {tuple(mask.shape)}")
-        try:
-            if live == "cols":
-                cols = cols & mask
-            else:
-                rows = rows & mask
-        except RuntimeError as err:
-            raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to scores {tuple(x.shape)}") from err
-    live = rows.unsqueeze(-1) & cols.unsqueeze(-2) & finite
+    check_choice(grad, "grad", ("unrolled", "implicit"))
+    n_queries, n_keys = x.shape[-2:]
+    if key_mask is not None:
+        check_bool_mask(key_mask, "key_mask", x.shape[:-2] + (n_keys,), device=x.device, meaning="True = real key")
+    if query_mask is not None:
+        check_bool_mask(query_mask, "query_mask", x.shape[:-2] + (n_queries,), device=x.device, meaning="True = real query")
+    if x.numel() == 0:
+        return _empty_result(x)
+    work = x.to(_work_dtype(x))
+    live = torch.isfinite(work)  # before dividing by eps, which may overflow
+    if key_mask is not None:
+        live = live & key_mask.unsqueeze(-2)
+    if query_mask is not None:
+        live = live & query_mask.unsqueeze(-1)
     # A row (column) left without any live entry would be infeasible: treat it as padding.
     rows = live.any(dim=-1)
     cols = live.any(dim=-2)
-    M = torch.where(live, M, torch.full_like(M, float("-inf")))
+    # Shift each row by its largest live score before dividing: a small eps would overflow s / eps.
+    # The plan does not change (the row potential absorbs the shift); entries far below the row's
+    # maximum may underflow to exp(-inf) = 0, which is their limit.
+    M = torch.where(live, work, torch.full_like(work, float("-inf")))
+    M = (M - _safe_max(M)) / eps
     a = rows.to(M.dtype)
     a = a / a.sum(dim=-1, keepdim=True).clamp(min=1)
     b = cols.to(M.dtype)

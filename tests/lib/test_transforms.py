@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import attnopt
 from attnopt import transforms as T
 
 NEG_INF = float("-inf")
@@ -104,22 +105,25 @@ def test_sparsemax_and_entmax15_match_entmax_package(method, scale):
 
 @pytest.mark.parametrize("power", [1, 2])
 @pytest.mark.parametrize("max_steps", [1, 3, 12])
-def test_newton_threshold_is_exact_with_retired_rows_and_fallback(power, max_steps):
+@pytest.mark.parametrize("mode", ["auto", "async"])
+def test_newton_threshold_is_exact_with_retired_rows_and_fallback(power, max_steps, mode):
     # Many rows at mixed scales (supports from 1 to dense), some with -inf keys and a dead row:
-    # rows settle after different numbers of passes, so retirement is exercised; max_steps=1 leaves
-    # most rows unsettled, so the sorting fallback must finish them.  Reference: sorting.
+    # rows settle after different numbers of passes, so retirement is exercised (mode "auto" on the
+    # CPU; "async" runs the read-free passes every other device runs); max_steps=1 leaves most rows
+    # unsettled, so the sorting fallback must finish them.  Reference: sorting.
     g = torch.Generator().manual_seed(power * 100 + max_steps)
     scale = torch.logspace(-2, 1.5, 2000, dtype=torch.float64).unsqueeze(-1)
-    x = torch.randn(2000, 96, generator=g, dtype=torch.float64) * scale
+    x = torch.randn(2000, 96, generator=g, dtype=torch.float64) * scale + 1e3  # offset: shift invariance
     x[::7, ::5] = NEG_INF
     x[11] = NEG_INF
     x[12] = 0.0  # ties: a uniform row
     top = T._safe_max(x)
-    theta = T._threshold_newton(x, top, power, torch.empty_like(x), max_steps=max_steps)
-    reference = top + power * T._threshold_sort((x - top) / power, power)
+    with attnopt.checks(mode):
+        delta = T._threshold_newton(x, top, power, torch.empty_like(x), max_steps=max_steps)  # relative to top
+    reference = power * T._threshold_sort((x - top) / power, power)
     live = torch.isfinite(x).any(dim=-1)
-    torch.testing.assert_close(theta[live], reference[live], atol=1e-12, rtol=0)
-    p = torch.clamp((x - theta) / power, min=0) ** power
+    torch.testing.assert_close(delta[live], reference[live], atol=1e-12, rtol=0)
+    p = torch.clamp(((x - top) - delta) / power, min=0) ** power
     torch.testing.assert_close(p[live].sum(-1), torch.ones(int(live.sum()), dtype=x.dtype), atol=1e-12, rtol=0)
     assert (p[~live] == 0).all()
 
