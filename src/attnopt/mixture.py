@@ -35,7 +35,22 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._validation import as_float_tensor, check_finite, check_int, check_positive, check_shape_match
+from ._validation import (
+    as_float_tensor,
+    broadcast_shapes,
+    check_choice,
+    check_finite,
+    check_int,
+    check_nonnegative,
+    check_number,
+    check_probability_vector,
+    check_same_device,
+    check_same_dtype,
+    check_shape_match,
+    check_spd,
+    host_reads_allowed,
+    require,
+)
 from .continuous import GaussianRBF, _ridge_operator, continuous_softmax
 
 __all__ = [
@@ -49,6 +64,8 @@ __all__ = [
 ]
 
 _INITS = ("kmeans++", "random", "regions")
+#: Multiple of the unit roundoff in the resolution floor of the covariances (see :func:`weighted_em`).
+_RESOLUTION_ULPS = 10.0
 
 
 class WeightedEMResult(NamedTuple):
@@ -127,8 +144,43 @@ def _gaussian_log_prob(points: torch.Tensor, means: torch.Tensor, covariances: t
     return logp.transpose(-1, -2)
 
 
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half precision has no Cholesky factorization and too little range for a covariance: float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
+    """Entrywise the power of two :math:`2^e\\le x<2^{e+1}` (1 where ``x`` is 0), at least ``tiny``.
+
+    Dividing by a power of two is exact, so a problem rescaled by it is solved with the same
+    rounding (and with none at all where the scale is 1, e.g. for locations in the unit square)."""
+    _, exponent = torch.frexp(x)  # x = m 2^exponent with m in [0.5, 1)
+    scale = torch.where(x > 0, torch.ldexp(torch.ones_like(x), exponent - 1), torch.ones_like(x))
+    return scale.clamp_min(torch.finfo(x.dtype).tiny)
+
+
+def _resolution_floor(covs: torch.Tensor) -> torch.Tensor:
+    """``(..., K)`` the smallest diagonal term that keeps the ``(..., K, D, D)`` covariances positive
+    definite in floating point, in coordinates of magnitude below 2 (see :func:`weighted_em`).
+
+    A Gram matrix of collinear or coincident points is singular, and rounding makes its smallest
+    eigenvalue about ``eps`` times its trace, of either sign; the means are rounded to about ``eps``.
+    ``10 eps (tr Sigma + eps)`` dominates both."""
+    eps = torch.finfo(covs.dtype).eps
+    trace = torch.diagonal(covs, dim1=-2, dim2=-1).sum(-1)
+    return _RESOLUTION_ULPS * eps * (trace + eps)
+
+
+def _one_hot(index: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """``one_hot`` without its host read of the largest index (``index`` is in ``[0, k)`` here)."""
+    return (index.unsqueeze(-1) == torch.arange(k, device=index.device)).to(dtype)
+
+
 def _m_step(points, weights, resp, cov_floor):
-    """Weighted M-step (5.12)--(5.15); ``resp`` is ``(..., N, K)``.  Returns means, covs, mixing, N_k."""
+    """Weighted M-step (5.12)--(5.15); ``resp`` is ``(..., N, K)``, ``cov_floor`` ``(..., 1)``.
+
+    Returns means, covs, mixing, N_k; the covariances get ``max(cov_floor, resolution floor)`` on
+    their diagonal."""
     d = points.shape[-1]
     rw = weights.unsqueeze(-1) * resp  # (..., N, K)
     total = weights.sum(-1, keepdim=True)  # (..., 1)
@@ -137,9 +189,10 @@ def _m_step(points, weights, resp, cov_floor):
     nk = rw.sum(-2) + tiny  # (..., K)
     means = torch.einsum("...nk,...nd->...kd", rw, points) / nk.unsqueeze(-1)
     diff = points.unsqueeze(-3) - means.unsqueeze(-2)  # (..., K, N, D)
-    covs = (diff * rw.transpose(-1, -2).unsqueeze(-1)).transpose(-1, -2) @ diff / nk[..., None, None]
+    covs = _sym((diff * rw.transpose(-1, -2).unsqueeze(-1)).transpose(-1, -2) @ diff / nk[..., None, None])
+    floor = torch.maximum(cov_floor, _resolution_floor(covs))  # (..., K)
     eye = torch.eye(d, dtype=points.dtype, device=points.device)
-    covs = _sym(covs) + cov_floor * eye
+    covs = covs + floor[..., None, None] * eye
     mixing = nk / nk.sum(-1, keepdim=True)
     return means, covs, mixing, nk - tiny
 
@@ -165,27 +218,26 @@ def _gumbel(shape, like, generator):
     return -torch.log(-torch.log(u.clamp_min(tiny)).clamp_min(tiny))
 
 
-def _seed_kmeanspp(points, weights, k, generator):
+def _seed_kmeanspp(points, log_weights, k, generator):
     """Weighted k-means++ seeding: first center with probability :math:`\\propto w_l`, then
     :math:`\\propto w_l\\,\\min_j\\|t_l-c_j\\|^2`.  Sequential over the ``k`` seeds (an
     initialization, not a hot path); batched over examples by the Gumbel-max trick."""
-    logw = torch.log(weights)
-    idx = (logw + _gumbel(weights.shape, weights, generator)).argmax(-1)  # (...)
+    idx = (log_weights + _gumbel(log_weights.shape, log_weights, generator)).argmax(-1)  # (...)
     gather = lambda i: torch.gather(points, -2, i[..., None, None].expand(*i.shape, 1, points.shape[-1])).squeeze(-2)
     centers = [gather(idx)]
     d2 = ((points - centers[0].unsqueeze(-2)) ** 2).sum(-1)
     for _ in range(1, k):
-        logits = logw + torch.log(d2)
-        idx = (logits + _gumbel(weights.shape, weights, generator)).argmax(-1)
+        logits = log_weights + torch.log(d2)
+        idx = (logits + _gumbel(log_weights.shape, log_weights, generator)).argmax(-1)
         centers.append(gather(idx))
         d2 = torch.minimum(d2, ((points - centers[-1].unsqueeze(-2)) ** 2).sum(-1))
     return torch.stack(centers, dim=-2)
 
 
-def _seed_random(points, weights, k, generator):
+def _seed_random(points, log_weights, k, generator):
     """``k`` distinct locations drawn without replacement with probability :math:`\\propto w_l`
     (Gumbel-top-k)."""
-    keys = torch.log(weights) + _gumbel(weights.shape, weights, generator)
+    keys = log_weights + _gumbel(log_weights.shape, log_weights, generator)
     idx = keys.topk(k, dim=-1).indices  # (..., k)
     return torch.gather(points, -2, idx.unsqueeze(-1).expand(*idx.shape, points.shape[-1]))
 
@@ -196,16 +248,39 @@ def region_labels(points: torch.Tensor, n_components: int) -> torch.Tensor:
     ``K = 4`` with ``D >= 2``: the quadrants cut at the midpoints of the bounding box of the first
     two coordinates; otherwise ``K`` equal strips of the bounding box along coordinate 0 (``K = 2``
     gives the upper and lower halves of an image whose locations are ``grid_locations`` in ``'ij'``
-    order).
+    order).  A box of zero width along a coordinate (every point on one line, or one point)
+    puts every point in the first region along it.
 
     Args:
-        points: ``(..., N, D)`` locations.
-        n_components: ``K``.
+        points: ``(..., N, D)`` finite locations, ``D >= 1``.
+        n_components: ``K >= 1``.
 
     Returns:
-        ``(..., N, K)`` one-hot labels in the dtype of ``points``.
+        ``(..., N, K)`` one-hot labels in the dtype of ``points``; ``(..., 0, K)`` when ``N = 0``.
+
+    Raises:
+        TypeError: ``points`` not a float tensor, ``n_components`` not an int.
+        ValueError: ``n_components < 1``, ``points`` with fewer than 2 dimensions or ``D = 0``,
+            NaN or infinite ``points``.
+
+    Example:
+        >>> import torch
+        >>> region_labels(torch.tensor([[0.0], [0.4], [1.0]]), 2)
+        tensor([[1., 0.],
+                [1., 0.],
+                [0., 1.]])
     """
     k = check_int(n_components, "n_components")
+    points = as_float_tensor(points, "points", min_ndim=2)
+    if points.shape[-1] < 1:
+        raise ValueError(f"points must have shape (..., N, D) with D >= 1; got {tuple(points.shape)}")
+    check_finite(points, "points")
+    return _region_labels(points, k)
+
+
+def _region_labels(points, k):
+    if points.shape[-2] == 0:
+        return points.new_zeros(*points.shape[:-1], k)
     lo = points.amin(-2, keepdim=True)
     hi = points.amax(-2, keepdim=True)
     rel = (points - lo) / (hi - lo).clamp_min(torch.finfo(points.dtype).tiny)  # in [0, 1]
@@ -215,13 +290,13 @@ def region_labels(points: torch.Tensor, n_components: int) -> torch.Tensor:
         lab = 2 * a + b
     else:
         lab = (rel[..., 0] * k).floor().long().clamp(0, k - 1)
-    return nn.functional.one_hot(lab, k).to(points.dtype)
+    return _one_hot(lab, k, points.dtype)
 
 
 def _init_from_resp(points, weights, resp, cov_floor):
     """Moment-match each group of a hard assignment (the thesis's region initialization): means,
     covariances and mixing (mass of each group).  Groups that are empty or whose covariance is
-    singular (e.g. a single weighted location) get the global moments."""
+    singular get the global moments."""
     m, c, _, nk = _m_step(points, weights, resp, cov_floor)
     ones = torch.ones_like(resp[..., :1])
     gm, gc, _, _ = _m_step(points, weights, ones, cov_floor)  # (..., 1, D), (..., 1, D, D)
@@ -244,13 +319,13 @@ def _init_from_means(points, weights, means, cov_floor, n_lloyd=10):
     k = means.shape[-2]
     for _ in range(n_lloyd):
         d2 = ((points.unsqueeze(-2) - means.unsqueeze(-3)) ** 2).sum(-1)  # (..., N, K)
-        resp = nn.functional.one_hot(d2.argmin(-1), k).to(points.dtype)
+        resp = _one_hot(d2.argmin(-1), k, points.dtype)
         rw = weights.unsqueeze(-1) * resp
         mass = rw.sum(-2)  # (..., K)
         new = torch.einsum("...nk,...nd->...kd", rw, points) / mass.clamp_min(torch.finfo(points.dtype).tiny).unsqueeze(-1)
         means = torch.where((mass > 0).unsqueeze(-1), new, means)
     d2 = ((points.unsqueeze(-2) - means.unsqueeze(-3)) ** 2).sum(-1)
-    resp = nn.functional.one_hot(d2.argmin(-1), k).to(points.dtype)
+    resp = _one_hot(d2.argmin(-1), k, points.dtype)
     m, c, _ = _init_from_resp(points, weights, resp, cov_floor)
     mixing = torch.full(m.shape[:-1], 1.0 / k, dtype=points.dtype, device=points.device)
     return m, c, mixing
@@ -260,16 +335,52 @@ def weighted_log_likelihood(points, weights, means, covariances, mixing) -> torc
     r"""The weighted log-likelihood (5.16) :math:`\sum_l w_l\log\sum_k\pi_k\mathcal N(t_l;\mu_k,\Sigma_k)`.
 
     Args:
-        points: ``(N, D)`` or ``(..., N, D)`` locations.
-        weights: ``(..., N)`` non-negative weights (used as given).
-        means, covariances, mixing: ``(..., K, D)``, ``(..., K, D, D)``, ``(..., K)``.
+        points: ``(N, D)`` or ``(..., N, D)`` locations, ``N, D >= 1``.
+        weights: ``(..., N)`` non-negative weights (used as given; an all-zero row gives 0).
+        means: ``(..., K, D)``.
+        covariances: ``(..., K, D, D)`` symmetric positive definite.
+        mixing: ``(..., K)`` non-negative, summing to one.  All five in one dtype and on one
+            device; their leading dimensions broadcast.
 
     Returns:
-        ``(...)`` tensor.
+        ``(...)`` tensor in the dtype of ``points``.
+
+    Raises:
+        TypeError: non-float tensors or dtypes that differ.
+        ValueError: shapes that do not match, devices that differ, NaN or infinite entries,
+            negative ``weights``, ``covariances`` not symmetric positive definite, ``mixing`` not
+            a probability vector.
+
+    Example:
+        >>> import math, torch
+        >>> ll = weighted_log_likelihood(torch.zeros(1, 2), torch.ones(1), torch.zeros(1, 2),
+        ...                              torch.eye(2)[None], torch.ones(1))
+        >>> round(ll.item(), 6) == round(-math.log(2 * math.pi), 6)
+        True
     """
-    points = as_float_tensor(points, "points", min_ndim=2)
-    weights = as_float_tensor(weights, "weights", min_ndim=1, like=points)
-    return _e_step(points, weights, means, _sym(covariances), mixing)[1]
+    points, weights, batch = _prepare_data(points, weights, positive_sum=False)
+    n, d = points.shape[-2:]
+    means = as_float_tensor(means, "means", min_ndim=2, like=points)
+    covariances = as_float_tensor(covariances, "covariances", min_ndim=3, like=points)
+    mixing = as_float_tensor(mixing, "mixing", min_ndim=1, like=points)
+    for tensor, name in ((means, "means"), (covariances, "covariances"), (mixing, "mixing")):
+        check_same_dtype(tensor, name, points, "points")
+        check_same_device(tensor, name, points, "points")
+    k = means.shape[-2]
+    if means.shape[-1] != d:
+        raise ValueError(f"means must have shape (..., K, D) with D={d} as points; got {tuple(means.shape)}")
+    if covariances.shape[-3:] != (k, d, d):
+        raise ValueError(f"covariances must have shape (..., K, D, D) = (..., {k}, {d}, {d}) as means; got {tuple(covariances.shape)}")
+    if mixing.shape[-1] != k:
+        raise ValueError(f"mixing must have shape (..., K) with K={k} as means; got {tuple(mixing.shape)}")
+    broadcast_shapes(**{"points/weights (leading dims)": batch, "means (leading dims)": means.shape[:-2],
+                        "covariances (leading dims)": covariances.shape[:-3], "mixing (leading dims)": mixing.shape[:-1]})
+    check_finite(means, "means")
+    check_spd(covariances, "covariances")
+    check_probability_vector(mixing, "mixing")
+    work = _work_dtype(points.dtype)
+    args = (t.to(work) for t in (points, weights, means, _sym(covariances), mixing))
+    return _e_step(*args)[1].to(points.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,76 +388,91 @@ def weighted_log_likelihood(points, weights, means, covariances, mixing) -> torc
 # --------------------------------------------------------------------------------------------
 
 
-def _prepare_data(points, weights):
+def _prepare_data(points, weights, *, positive_sum=True):
     points = as_float_tensor(points, "points", min_ndim=2)
     weights = as_float_tensor(weights, "weights", min_ndim=1, like=points)
-    if points.dtype != weights.dtype:
-        raise TypeError(f"points and weights must have the same dtype; got {points.dtype} and {weights.dtype}")
-    if points.device != weights.device:
-        raise ValueError(f"points and weights must be on the same device; got {points.device} and {weights.device}")
-    check_finite(points, "points")
-    check_finite(weights, "weights")
-    check_shape_match(weights, "weights", points, "points", [(-1, -2)])
+    check_same_dtype(weights, "weights", points, "points")
+    check_same_device(weights, "weights", points, "points")
     if points.shape[-2] < 1 or points.shape[-1] < 1:
-        raise ValueError(f"points must have shape (..., N, D) with N, D >= 1; got {tuple(points.shape)}")
-    if (weights < 0).any():
-        raise ValueError("weights must be non-negative; found entries < 0")
-    if (weights.sum(-1) <= 0).any():
-        raise ValueError("weights must have a positive sum over the N points of every example")
-    try:
-        batch = torch.broadcast_shapes(points.shape[:-2], weights.shape[:-1])
-    except RuntimeError as err:
-        raise ValueError(
-            f"leading shapes of points {tuple(points.shape)} and weights {tuple(weights.shape)} do not broadcast"
-        ) from err
+        raise ValueError(f"points must have shape (..., N, D) with N, D >= 1 (at least one point); got {tuple(points.shape)}")
+    check_shape_match(weights, "weights", points, "points", [(-1, -2)])
+    batch = broadcast_shapes(**{"points (leading dims)": points.shape[:-2], "weights (leading dims)": weights.shape[:-1]})
+    if points.numel():
+        # finite, and small enough for a covariance (a squared spread) to be representable
+        bound = math.sqrt(torch.finfo(points.dtype).max) / 4
+        require(points.abs().amax() <= bound,
+                f"points must be finite, with entries of magnitude at most {bound:.3g} (their covariances must be "
+                f"representable in {points.dtype}); found NaN, an infinity or a larger entry: rescale the points")
+    check_finite(weights, "weights")
+    check_nonnegative(weights, "weights")
+    if positive_sum and weights.numel():
+        require((weights.sum(-1) > 0).all(), "weights must have a positive sum over the N points of every example")
     n, d = points.shape[-2:]
     return points.expand(*batch, n, d), weights.expand(*batch, n), batch
 
 
-def _initialize(points, weights, k, init, cov_floor, generator):
-    n, d = points.shape[-2:]
-    batch = points.shape[:-2]
+def _check_init(init, k, points, generator):
+    """Validate ``init`` of :func:`weighted_em`: a name, or ``(means, covariances, mixing)`` (``None``
+    where not given) broadcast to the batch, in the dtype and on the device of ``points``."""
+    batch, d = points.shape[:-2], points.shape[-1]
     if isinstance(init, str):
-        if init not in _INITS:
-            raise ValueError(f"init must be one of {_INITS}, a tensor of means or a dict; got {init!r}")
-        if init == "regions":
-            return _init_from_resp(points, weights, region_labels(points, k), cov_floor)
-        seed = _seed_kmeanspp if init == "kmeans++" else _seed_random
-        return _init_from_means(points, weights, seed(points, weights, k, generator), cov_floor)
+        check_choice(init, "init", _INITS)
+        if init != "regions" and generator is not None:
+            if not isinstance(generator, torch.Generator):
+                raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
+            if generator.device.type != points.device.type:
+                raise ValueError(f"generator is on {generator.device} but points are on {points.device}; pass a generator on {points.device}")
+        return init
     if isinstance(init, dict):
         unknown = set(init) - {"means", "covariances", "mixing"}
         if unknown or "means" not in init:
             raise ValueError(f"init dict must have key 'means' and optionally 'covariances', 'mixing'; got keys {sorted(init)}")
-        means = init["means"]
-        covs = init.get("covariances")
-        mixing = init.get("mixing")
+        given = {"init['means']": init["means"], "init['covariances']": init.get("covariances"), "init['mixing']": init.get("mixing")}
     elif isinstance(init, torch.Tensor):
-        means, covs, mixing = init, None, None
+        given = {"init": init, "init['covariances']": None, "init['mixing']": None}
     else:
-        raise TypeError(f"init must be a str, a tensor of means or a dict; got {type(init).__name__}")
-    means = as_float_tensor(means, "init['means']", min_ndim=2, like=points).to(points)
-    if means.shape[-2:] != (k, d):
-        raise ValueError(f"initial means must have shape (..., K, D)=(..., {k}, {d}); got {tuple(means.shape)}")
-    try:
-        means = means.expand(*batch, k, d)
-    except RuntimeError as err:
-        raise ValueError(f"initial means of shape {tuple(means.shape)} do not broadcast to the batch {tuple(batch)}") from err
+        raise TypeError(f"init must be one of {_INITS}, a tensor of means or a dict; got {type(init).__name__}")
+    out = []
+    for (name, value), trailing, what in zip(given.items(), ((k, d), (k, d, d), (k,)), ("means", "covariances", "mixing weights")):
+        if value is None:
+            out.append(None)
+            continue
+        value = as_float_tensor(value, name, min_ndim=len(trailing), like=points)
+        check_same_dtype(value, name, points, "points")
+        check_same_device(value, name, points, "points")
+        lead = value.shape[: value.ndim - len(trailing)]
+        if tuple(value.shape[-len(trailing):]) != trailing or broadcast_shapes(batch=batch, init=lead) != batch:
+            shape = ", ".join(map(str, trailing))
+            raise ValueError(f"{name} (the initial {what}) must have shape (..., {shape}) with leading dimensions that "
+                             f"broadcast to the batch {tuple(batch)}; got {tuple(value.shape)}")
+        if what == "covariances":
+            check_spd(value, name)
+            value = _sym(value)
+        else:
+            check_finite(value, name)
+        if what == "mixing weights":
+            require((value > 0).all(), f"{name} (the initial mixing weights) must be positive")
+            value = value / value.sum(-1, keepdim=True)
+        out.append(value.expand(*batch, *trailing))
+    return tuple(out)
+
+
+def _initialize(points, weights, log_weights, k, init, cov_floor, generator, scale):
+    """Initial ``(means, covariances, mixing)`` in the rescaled coordinates ``points`` (``scale``
+    ``(...)`` is the factor removed from the user's ones)."""
+    if isinstance(init, str):
+        if init == "regions":
+            return _init_from_resp(points, weights, _region_labels(points, k), cov_floor)
+        seed = _seed_kmeanspp if init == "kmeans++" else _seed_random
+        return _init_from_means(points, weights, seed(points, log_weights, k, generator), cov_floor)
+    means, covs, mixing = (None if t is None else t.to(points.dtype) for t in init)
+    means = means / scale[..., None, None]
     _, c0, pi0 = _init_from_means(points, weights, means, cov_floor, n_lloyd=0)
-    m0 = means
     if covs is not None:
-        covs = as_float_tensor(covs, "init['covariances']", min_ndim=2, like=points).to(points)
-        if covs.shape[-3:] != (k, d, d):
-            raise ValueError(f"initial covariances must have shape (..., {k}, {d}, {d}); got {tuple(covs.shape)}")
-        _, info = torch.linalg.cholesky_ex(_sym(covs))
-        if (info > 0).any():
-            raise ValueError("initial covariances must be symmetric positive definite")
-        c0 = _sym(covs).expand(*batch, k, d, d)
+        c0 = covs / scale[..., None, None, None] / scale[..., None, None, None]
     if mixing is not None:
-        mixing = as_float_tensor(mixing, "init['mixing']", min_ndim=1, like=points).to(points)
-        if mixing.shape[-1] != k or (mixing <= 0).any():
-            raise ValueError(f"initial mixing must have shape (..., {k}) with positive entries")
-        pi0 = (mixing / mixing.sum(-1, keepdim=True)).expand(*batch, k)
-    return m0, c0, pi0
+        pi0 = mixing
+    return means, c0, pi0
 
 
 def weighted_em(
@@ -374,24 +500,56 @@ def weighted_em(
 
         N_k=\sum_l w_l\gamma_{lk},\quad
         \mu_k=\frac{1}{N_k}\sum_l w_l\gamma_{lk}t_l,\quad
-        \Sigma_k=\frac{1}{N_k}\sum_l w_l\gamma_{lk}(t_l-\mu_k)(t_l-\mu_k)^\top+\varepsilon I,\quad
+        \Sigma_k=\frac{1}{N_k}\sum_l w_l\gamma_{lk}(t_l-\mu_k)(t_l-\mu_k)^\top+\varepsilon_k I,\quad
         \pi_k=\frac{N_k}{\sum_l w_l}
 
     (5.12)--(5.15; :math:`\pi_k=N_k` in (5.14) assumes :math:`\sum_lw_l=1`).  The floor
-    :math:`\varepsilon I` (``cov_floor``, as ``reg_covar`` of scikit-learn) keeps the covariances
+    :math:`\varepsilon_k I` (``cov_floor``, as ``reg_covar`` of scikit-learn) keeps the covariances
     positive definite: on a grid a component can otherwise collapse onto one location.  With
-    ``cov_floor = 0`` every iteration provably does not decrease :math:`\ell_w`.
+    ``cov_floor = 0`` every iteration provably does not decrease :math:`\ell_w` (up to the
+    resolution floor below).
 
-    Batched over examples and components (no Python loop over them); the loop over iterations
-    performs at most one host synchronization per iteration (the convergence test), none when
-    ``tol is None``.  Differentiable: autograd goes through the unrolled iterations.
+    Resolution floor.  Collinear or coincident points (or a component that collapses onto them)
+    have a singular weighted covariance, which rounding makes indefinite; so the floor is never
+    below what the dtype can resolve,
+
+    .. math::
+
+        \varepsilon_k=\max\big(\texttt{cov\_floor},\
+        10\,u\,(\operatorname{tr}\hat\Sigma_k+u\,s^2)\big),
+
+    with :math:`u` the unit roundoff of the dtype (``torch.finfo(dtype).eps``), :math:`\hat\Sigma_k`
+    the weighted covariance of the component and :math:`s` the power of two with
+    :math:`s\le\max(\max_l\|t_l\|_\infty,\sqrt{\texttt{cov\_floor}},\tau^{1/4})<2s`
+    (:math:`\tau` the smallest normal number of the dtype).  It is about
+    :math:`10^{-15}` of the covariance in float64 and :math:`10^{-6}` in float32, so it changes
+    nothing unless ``cov_floor`` is smaller; with ``cov_floor = 0`` a degenerate point set gets a
+    finite fit whose covariance is singular up to :math:`\varepsilon_k` (never NaN).  The
+    computation runs in coordinates divided by :math:`s` and weights divided by a power of two
+    (both exact), so any finite points and weights give finite results; half-precision inputs are
+    computed in float32 and returned in their dtype.
+
+    Batched over examples and components (no Python loop over them).  With ``tol=None`` it runs
+    exactly ``n_iter`` iterations with no host read (no synchronization on a GPU).  With ``tol``
+    the loop stops after the first iteration at which every example improved :math:`\ell_w` by
+    less than ``tol``; where host reads are allowed
+    (:func:`~attnopt._validation.host_reads_allowed`: the CPU in mode ``"auto"``) that is one read
+    per iteration; elsewhere (a GPU, or ``attnopt.checks("async")``) all ``n_iter`` iterations run
+    without a read and the parameters stop changing at that iteration, so the result is the same,
+    ``history`` repeats its last value and ``n_iter`` is the maximum.  Differentiable: autograd
+    goes through the unrolled iterations.
 
     Args:
-        points: ``(N, D)`` locations shared by all examples, or ``(..., N, D)``.
+        points: ``(N, D)`` locations shared by all examples, or ``(..., N, D)``; ``N, D >= 1``,
+            finite and below :math:`\sqrt{\max}/4` of the dtype in magnitude (about ``4e153`` in
+            float64, ``5e18`` in float32), so that their covariances are representable.
         weights: ``(..., N)`` non-negative weights (e.g. discrete attention probabilities), used as
-            given (not normalized) in :math:`\ell_w`.
-        n_components: ``K >= 1``.
-        n_iter: maximum number of iterations (EM steps).
+            given (not normalized) in :math:`\ell_w`; every example needs a positive sum.
+            Components may outnumber the points of positive weight: the extra ones share points
+            with others (with ``cov_floor = 0`` a component on one point has covariance
+            :math:`\varepsilon_k I`, and a large :math:`\ell_w`).
+        n_components: ``K`` with ``1 <= K <= N``.
+        n_iter: maximum number of iterations (EM steps), ``>= 1``.
         init: ``"kmeans++"`` (weighted k-means++ seeds), ``"random"`` (``K`` distinct locations
             drawn :math:`\propto w` without replacement), ``"regions"`` (the thesis's
             halves/quadrants, moment-matched within each region, :math:`\pi_k` = mass of the region,
@@ -400,41 +558,92 @@ def weighted_em(
             (not given means) are refined by 10 weighted k-means (Lloyd) steps; the missing
             covariances are moment-matched within the cluster of each mean (nearest-mean
             assignment) and the missing mixing weights are uniform.  Given parameters are used
-            exactly as given.
-        tol: stop when every example's improvement of :math:`\ell_w` is below ``tol``; ``None``
-            runs exactly ``n_iter`` iterations with no host synchronization.
-        cov_floor: :math:`\varepsilon\ge0` added to the diagonal of every covariance.
-        generator: ``torch.Generator`` for the random initializations.
+            exactly as given (in the dtype and on the device of ``points``).
+        tol: ``None`` or a number ``>= 0`` (see above).
+        cov_floor: :math:`\ge0` added to the diagonal of every covariance (see the resolution
+            floor above).
+        generator: ``torch.Generator`` (on the device of ``points``) for the random
+            initializations.
 
     Returns:
-        :class:`WeightedEMResult` ``(means, covariances, mixing, log_likelihood, history, n_iter)``.
+        :class:`WeightedEMResult` ``(means, covariances, mixing, log_likelihood, history, n_iter)``
+        in the dtype of ``points``, finite (the log-likelihood is infinite only where its value is
+        beyond the range of the dtype, for weights near it); an empty batch (e.g. ``weights`` of
+        shape ``(0, N)``) gives empty parameters.
 
     Raises:
-        ValueError: on negative weights, an all-zero example, mismatched shapes, ``K > N`` or
-            a bad ``init``.
-        TypeError: on non-integer ``n_components``/``n_iter`` or non-float tensors.
+        ValueError: on negative, NaN or infinite weights, NaN, infinite or too large points, an all-zero
+            example, no points, mismatched shapes or devices, ``K > N``, a bad ``init``, a
+            negative ``cov_floor`` or ``tol``.
+        TypeError: on non-integer ``n_components``/``n_iter``, non-float tensors, dtypes that
+            differ or an ``init`` of the wrong type.
+
+    Example:
+        >>> import torch
+        >>> t = torch.tensor([[0.0, 0.0], [0.1, 0.0], [1.0, 1.0], [1.1, 1.0]], dtype=torch.float64)
+        >>> fit = weighted_em(t, torch.ones(4, dtype=torch.float64), 2, init="regions", tol=None)
+        >>> fit.means[fit.means[:, 0].argsort()]
+        tensor([[0.0500, 0.0000],
+                [1.0500, 1.0000]], dtype=torch.float64)
     """
     k = check_int(n_components, "n_components")
     n_iter = check_int(n_iter, "n_iter")
-    cov_floor = check_positive(cov_floor, "cov_floor", allow_zero=True)
+    cov_floor = check_number(cov_floor, "cov_floor", low=0.0)
     if tol is not None:
-        tol = float(tol)
+        tol = check_number(tol, "tol", low=0.0, hint=" (or None for a fixed number of iterations)")
     points, weights, batch = _prepare_data(points, weights)
-    if k > points.shape[-2]:
-        raise ValueError(f"n_components={k} exceeds the number of points N={points.shape[-2]}")
-    means, covs, mixing = _initialize(points, weights, k, init, cov_floor, generator)
+    n, d = points.shape[-2:]
+    if k > n:
+        raise ValueError(f"n_components={k} exceeds the number of points N={n}")
+    init = _check_init(init, k, points, generator)
+    dtype, work = points.dtype, _work_dtype(points.dtype)
+    if cov_floor > torch.finfo(work).max:
+        raise ValueError(f"cov_floor={cov_floor:g} is beyond the range of {work}")
+    points, weights = points.to(work), weights.to(work)
+    log_weights = torch.log(weights)  # for the random seeds, from the weights as given
+    # exact rescaling by powers of two (see the docstring): coordinates below 2, weights below 2; a
+    # scale of at least tiny^(1/4) keeps the resolution floor representable in the user's units
+    least = max(math.sqrt(cov_floor), torch.finfo(work).tiny ** 0.25)
+    scale = _power_of_two_scale(points.abs().amax((-2, -1)).clamp_min(least))  # (...)
+    weight_scale = _power_of_two_scale(weights.amax(-1))
+    points = points / scale[..., None, None]
+    weights = weights / weight_scale[..., None]
+    if cov_floor < torch.finfo(work).tiny:
+        floor = torch.zeros_like(scale).unsqueeze(-1)
+    else:  # <= 4 by the choice of scale (the clamp only guards the rounding)
+        floor = (cov_floor * scale.reciprocal().square()).clamp_max(4.0).unsqueeze(-1)
+    means, covs, mixing = _initialize(points, weights, log_weights, k, init, floor, generator, scale)
     resp, ll = _e_step(points, weights, means, covs, mixing)
     history = []
+    # without host reads, early stopping freezes every example once all have converged
+    frozen = None if tol is None or host_reads_allowed(points) else torch.zeros((), dtype=torch.bool, device=points.device)
     it = 0
     for it in range(1, n_iter + 1):
-        means, covs, mixing, _ = _m_step(points, weights, resp, cov_floor)
-        resp, ll_new = _e_step(points, weights, means, covs, mixing)
-        history.append(ll_new)
-        if tol is not None and bool(((ll_new - ll) < tol).all()):
-            ll = ll_new
-            break
-        ll = ll_new
-    return WeightedEMResult(means, covs, mixing, ll, torch.stack(history), it)
+        step = _m_step(points, weights, resp, floor)[:3]
+        resp, ll_new = _e_step(points, weights, *step)
+        gain = (ll_new - ll) * weight_scale  # in the user's units (the offset of to_user cancels)
+        if frozen is None:
+            (means, covs, mixing), ll = step, ll_new
+            history.append(ll)
+            if tol is not None and bool((gain < tol).all()):
+                break
+        else:
+            means, covs, mixing = (torch.where(frozen, old, new) for old, new in zip((means, covs, mixing), step))
+            ll = torch.where(frozen, ll, ll_new)
+            history.append(ll)
+            frozen = frozen | (gain < tol).all()
+    # back to the user's units: N(t; s mu, s^2 Sigma) = N(t/s; mu, Sigma) / s^D
+    total = weights.sum(-1)
+    log_scale = torch.log(scale)
+    to_user = lambda value: ((value - d * log_scale * total) * weight_scale).to(dtype)
+    return WeightedEMResult(
+        (means * scale[..., None, None]).to(dtype),
+        (covs * scale[..., None, None, None] * scale[..., None, None, None]).to(dtype),
+        mixing.to(dtype),
+        to_user(ll),
+        to_user(torch.stack(history)),
+        it,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -496,20 +705,30 @@ def select_components(
         components, and the others have mixing weight exactly zero, so the padded parameters can be
         used directly in :math:`\sum_k\pi_k r_k`.
 
+    Components beyond the number of distinct points of positive weight only duplicate others,
+    so they raise :math:`\ell_w` by (almost) nothing and any positive ``penalty`` rejects them.
+    Host reads: none beyond those of :func:`weighted_em` (one per iteration only with ``tol``).
+
     Raises:
-        ValueError: as :func:`weighted_em`, or if ``min_components > max_components``.
+        ValueError: as :func:`weighted_em`; ``min_components > max_components``,
+            ``max_components > N``, a negative ``penalty``, an ``init`` other than
+            ``"kmeans++"``/``"random"``.
+        TypeError: as :func:`weighted_em`; non-integer ``max_components``, ``min_components``,
+            ``n_init`` or ``n_iter``.
     """
     k_max = check_int(max_components, "max_components")
     k_min = check_int(min_components, "min_components")
     if k_min > k_max:
         raise ValueError(f"min_components={k_min} must be <= max_components={k_max}")
     n_init = check_int(n_init, "n_init")
-    penalty = check_positive(penalty, "penalty", allow_zero=True)
-    if init not in ("random", "kmeans++"):
-        raise ValueError(f"init must be 'random' or 'kmeans++' for select_components; got {init!r}")
+    n_iter = check_int(n_iter, "n_iter")
+    penalty = check_number(penalty, "penalty", low=0.0)
+    check_choice(init, "init", ("kmeans++", "random"))
     points, weights, batch = _prepare_data(points, weights)
     if k_max > points.shape[-2]:
         raise ValueError(f"max_components={k_max} exceeds the number of points N={points.shape[-2]}")
+    # normalized (after an exact rescaling by a power of two, so that the sum cannot overflow)
+    weights = weights / _power_of_two_scale(weights.amax(-1, keepdim=True))
     weights = weights / weights.sum(-1, keepdim=True)
     n, d = points.shape[-2:]
     means_all, covs_all, mix_all, ll_all = [], [], [], []
@@ -608,29 +827,38 @@ class MultimodalContinuousAttention(nn.Module):
         super().__init__()
         if not isinstance(basis, GaussianRBF):
             raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
-        if n_components == "auto":
+        if isinstance(n_components, str):
+            if n_components != "auto":
+                raise ValueError(f"n_components must be an int >= 1 or 'auto'; got {n_components!r}")
             self.n_components = "auto"
             self.max_components = check_int(max_components, "max_components")
         else:
             self.n_components = check_int(n_components, "n_components")
             self.max_components = self.n_components
-        if init not in _INITS:
-            raise ValueError(f"init must be one of {_INITS}; got {init!r}")
-        self.init = init
-        self.selection_penalty = check_positive(selection_penalty, "selection_penalty", allow_zero=True)
+        self.init = check_choice(init, "init", _INITS)
+        self.selection_penalty = check_number(selection_penalty, "selection_penalty", low=0.0)
         self.n_init = check_int(n_init, "n_init")
         self.n_iter = check_int(n_iter, "n_iter")
-        self.cov_floor = check_positive(cov_floor, "cov_floor", allow_zero=True)
-        self.penalty = check_positive(penalty, "penalty", allow_zero=True)
-        self.differentiate_em = bool(differentiate_em)
+        self.cov_floor = check_number(cov_floor, "cov_floor", low=0.0)
+        self.penalty = check_number(penalty, "penalty", low=0.0)
+        if not isinstance(differentiate_em, bool):
+            raise TypeError(f"differentiate_em must be a bool; got {type(differentiate_em).__name__}")
+        self.differentiate_em = differentiate_em
         self.basis = basis
         locations = as_float_tensor(locations, "locations", min_ndim=2)
         if locations.ndim != 2 or locations.shape[1] != basis.dim:
             raise ValueError(f"locations must have shape (L, D={basis.dim}); got {tuple(locations.shape)}")
+        check_finite(locations, "locations")
         if self.max_components > locations.shape[0]:
             raise ValueError(f"n_components/max_components={self.max_components} exceeds the number of locations {locations.shape[0]}")
         self.register_buffer("locations", locations.to(dtype=basis.centers.dtype, device=basis.centers.device))
-        self.register_buffer("padding", None if padding is None else as_float_tensor(padding, "padding", min_ndim=2).to(self.locations))
+        if padding is not None:
+            padding = as_float_tensor(padding, "padding", min_ndim=2)
+            if padding.ndim != 2 or padding.shape[1] != basis.dim:
+                raise ValueError(f"padding must have shape (P, D={basis.dim}); got {tuple(padding.shape)}")
+            check_finite(padding, "padding")
+            padding = padding.to(self.locations)
+        self.register_buffer("padding", padding)
         # G of eq. (3.17) depends only on the basis, the locations and the penalty: computed once (in
         # the basis's dtype, as ContinuousAttention does); not saved in the state dict, being derived
         self.register_buffer(
@@ -650,12 +878,38 @@ class MultimodalContinuousAttention(nn.Module):
         return fit.mixing, fit.means, fit.covariances
 
     def forward(self, scores: torch.Tensor, values: torch.Tensor, *, return_mixture: bool = False):
-        """Context vectors ``(..., d)``; with ``return_mixture=True`` also ``(mixing, means, covariances)``."""
+        """Context vectors ``(..., d)``; with ``return_mixture=True`` also ``(mixing, means, covariances)``.
+
+        Args:
+            scores: ``(..., L)`` scores, finite or ``-inf`` (a masked location gets weight 0).
+            values: ``(..., L, d)`` value features, finite, in the dtype of ``scores``; the leading
+                dimensions of the two broadcast.  Both on the module's device.
+
+        Returns:
+            The context ``(..., d)`` in the dtype of ``values``.  A row whose scores are all
+            ``-inf`` attends to nothing: its context and its mixing weights are zero (its means
+            and covariances are the fit to uniform weights, finite and positive definite).  An
+            empty batch gives an empty context.  With a fixed ``n_components`` the fit makes no
+            host read (:func:`weighted_em` with ``tol=None``).
+
+        Raises:
+            TypeError: non-float tensors, or ``scores`` and ``values`` in different dtypes.
+            ValueError: shapes that do not match the locations or do not broadcast, a device other
+                than the module's, NaN or ``+inf`` in ``scores``, NaN or infinities in ``values``.
+        """
         scores = as_float_tensor(scores, "scores", min_ndim=1)
         values = as_float_tensor(values, "values", min_ndim=2)
+        check_same_dtype(values, "values", scores, "scores")
+        check_same_device(scores, "scores", self.locations, "the module (its locations)")
+        check_same_device(values, "values", scores, "scores")
         check_shape_match(scores, "scores", self.locations, "locations", [(-1, 0)])
         check_shape_match(values, "values", self.locations, "locations", [(-2, 0)])
-        w = torch.softmax(scores, dim=-1)
+        broadcast_shapes(**{"scores (leading dims)": scores.shape[:-1], "values (leading dims)": values.shape[:-2]})
+        check_finite(scores, "scores", allow_neg_inf=True)
+        check_finite(values, "values")
+        # a row with every location masked is fitted on uniform weights and given zero attention
+        dead = (scores == -math.inf).all(-1, keepdim=True)  # (..., 1)
+        w = torch.softmax(torch.where(dead, torch.zeros_like(scores), scores), dim=-1)
         if self.differentiate_em:
             mixing, means, covs = self.fit_mixture(w)
         else:
@@ -665,6 +919,8 @@ class MultimodalContinuousAttention(nn.Module):
         r = torch.einsum("...k,...kn->...n", mixing, r_k)  # eq. (5.4)
         B = torch.einsum("...ld,ln->...dn", values, self.ridge_operator.to(values))  # eq. (3.17)
         context = (B @ r.to(values.dtype).unsqueeze(-1)).squeeze(-1)  # eq. (5.5)
+        context = torch.where(dead, torch.zeros_like(context), context)
+        mixing = torch.where(dead, torch.zeros_like(mixing), mixing)
         return (context, (mixing, means, covs)) if return_mixture else context
 
     def extra_repr(self) -> str:
