@@ -390,3 +390,40 @@ def check_spd(S: torch.Tensor, name: str) -> None:
         require(asym <= tol * scale, f"{name} must be symmetric (relative asymmetry above {tol:.1g})")
     _, info = torch.linalg.cholesky_ex(0.5 * (work + work.transpose(-1, -2)))
     require((info == 0).all(), f"{name} must be positive definite; at least one matrix is not (Cholesky failed)")
+
+
+def check_device(device, name: str = "device", *, auto: bool = False) -> torch.device:
+    """Return ``device`` as a :class:`torch.device` that this machine has, or raise naming ``name``.
+
+    Accepts a ``torch.device`` or a string (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, ...; with
+    ``auto=True`` also ``"auto"``: CUDA when available, else the CPU).  ``TypeError`` for anything
+    else; ``ValueError`` for a string torch does not parse, and for an accelerator that is not
+    available here (or a CUDA index beyond the devices present), so that the mistake shows at the
+    call rather than at the first tensor moved there.
+    """
+    accepted = ("'auto', " if auto else "") + "'cpu', 'cuda', 'cuda:N', 'mps' or a torch.device"
+    if isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, str):
+        if auto and device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            dev = torch.device(device)
+        except RuntimeError as err:
+            raise ValueError(f"{name} must be one of {accepted}; got {device!r}") from err
+    else:
+        raise TypeError(f"{name} must be one of {accepted}; got {type(device).__name__}")
+    if dev.type in ("cpu", "meta"):
+        return dev
+    if dev.type == "mps":
+        available, count = torch.backends.mps.is_available(), 1
+    else:
+        backend = getattr(torch, dev.type, None)
+        available = bool(getattr(backend, "is_available", lambda: False)())
+        count = getattr(backend, "device_count", lambda: 1)() if available else 0
+    if not available:
+        raise ValueError(f"{name}={device!r} was asked for but {dev.type} is not available on this machine; "
+                         f"use {'auto' if auto else 'cpu'!r}")
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"{name}={device!r} was asked for but this machine has {count} {dev.type} device(s)")
+    return dev
