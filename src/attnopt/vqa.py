@@ -37,7 +37,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validation import as_float_tensor, check_positive
+from ._validation import (
+    as_float_tensor,
+    broadcast_shapes,
+    check_choice,
+    check_device,
+    check_finite,
+    check_int,
+    check_nonnegative,
+    check_number,
+    check_same_device,
+    check_shape_match,
+    require,
+)
 from .continuous import (
     ContinuousAttention,
     GaussianRBF,
@@ -131,21 +143,71 @@ HEADS: tuple[str, ...] = ("discrete", "continuous_softmax", "continuous_sparsema
 
 
 def decode(tokens) -> str | list[str]:
-    """Question text of a token-id sequence ``(T,)`` (or a list of texts for ``(n, T)``); padding is dropped."""
-    t = torch.as_tensor(tokens)
-    if t.ndim == 2:
-        return [decode(row) for row in t]
-    if t.ndim != 1:
+    """Question text of a token-id sequence ``(T,)`` (or a list of texts for ``(n, T)``); padding is dropped.
+
+    Args:
+        tokens: integer ids into :data:`VOCAB` (a tensor or a nested list), shape ``(T,)`` or ``(n, T)``.
+
+    Returns:
+        The text (``""`` for no token), or a list of ``n`` texts.
+
+    Raises:
+        TypeError: ``tokens`` not integer ids.
+        ValueError: another shape, or an id outside ``[0, len(VOCAB))``.
+
+    Example:
+        >>> decode([4, 11, 12, 16, 22, 15, 0, 0])
+        'is there a red circle ?'
+    """
+    try:
+        t = torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"tokens must be a tensor or a nested list of token ids; got {type(tokens).__name__}") from err
+    if t.numel() == 0:
+        t = t.long()
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"tokens must hold integer token ids; got dtype {t.dtype}")
+    if t.ndim not in (1, 2):
         raise ValueError(f"tokens must have shape (T,) or (n, T); got {tuple(t.shape)}")
-    return " ".join(VOCAB[i] for i in t.tolist() if i != 0)
+    ids = t.reshape(-1).tolist()  # decoding reads the ids anyway
+    bad = [i for i in ids if not 0 <= i < len(VOCAB)]
+    if bad:
+        raise ValueError(f"tokens must be ids in [0, {len(VOCAB)}) (indices into VOCAB); got {bad[0]}")
+    if t.ndim == 2:
+        return [" ".join(VOCAB[i] for i in row if i != 0) for row in t.tolist()]
+    return " ".join(VOCAB[i] for i in ids if i != 0)
 
 
 def answer_text(answers) -> str | list[str]:
-    """Answer string(s) of answer id(s)."""
-    a = torch.as_tensor(answers)
-    if a.ndim == 0:
-        return ANSWERS[int(a)]
-    return [ANSWERS[i] for i in a.reshape(-1).tolist()]
+    """Answer string(s) of answer id(s).
+
+    Args:
+        answers: an integer id into :data:`ANSWERS`, or a tensor/list of them (any shape).
+
+    Returns:
+        The answer for a single id (a 0-dim tensor or an int), else the flat list of answers.
+
+    Raises:
+        TypeError: ``answers`` not integer ids.
+        ValueError: an id outside ``[0, len(ANSWERS))``.
+
+    Example:
+        >>> answer_text(1), answer_text([2, 8])
+        ('yes', ['1', 'red'])
+    """
+    try:
+        a = torch.as_tensor(answers)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"answers must be an int, a tensor or a list of answer ids; got {type(answers).__name__}") from err
+    if a.numel() == 0:
+        a = a.long()
+    if a.is_floating_point() or a.is_complex() or a.dtype == torch.bool:
+        raise TypeError(f"answers must hold integer answer ids; got dtype {a.dtype}")
+    ids = a.reshape(-1).tolist()
+    bad = [i for i in ids if not 0 <= i < len(ANSWERS)]
+    if bad:
+        raise ValueError(f"answers must be ids in [0, {len(ANSWERS)}) (indices into ANSWERS); got {bad[0]}")
+    return ANSWERS[ids[0]] if a.ndim == 0 else [ANSWERS[i] for i in ids]
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,17 +467,19 @@ def make_batch(
         A :class:`VQABatch`.
 
     Raises:
-        ValueError: on non-positive sizes, ``canvas`` not a multiple of ``grid`` or an invalid
-            object range.
+        ValueError: on non-positive sizes, ``canvas`` not a multiple of ``grid``, an object range
+            outside ``1 <= min_objects <= max_objects <= 8`` or a negative ``noise``.
+        TypeError: non-integer sizes or object counts, a ``generator`` that is not one.
     """
     for name, v in (("n", n), ("canvas", canvas), ("grid", grid), ("chunk", chunk)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int; got {v!r}")
+        check_int(v, name)
     if canvas % grid:
         raise ValueError(f"canvas must be a multiple of grid={grid}; got canvas={canvas}")
-    if not (isinstance(min_objects, int) and isinstance(max_objects, int) and 1 <= min_objects <= max_objects <= 8):
-        raise ValueError(f"need 1 <= min_objects <= max_objects <= 8; got {min_objects}, {max_objects}")
-    noise = check_positive(noise, "noise", allow_zero=True)
+    max_objects = check_int(max_objects, "max_objects", 1, 8)
+    min_objects = check_int(min_objects, "min_objects", 1, max_objects)
+    noise = check_number(noise, "noise", low=0.0)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     dev = generator.device
@@ -487,6 +551,10 @@ class SyntheticVQA(torch.utils.data.Dataset):
         canvas, grid, min_objects, max_objects, noise: as in :func:`make_batch`.
         device: where the tensors live (the generator runs on CPU, so data are identical on
             every device).
+
+    Raises:
+        TypeError, ValueError: as :func:`make_batch` (``n_samples`` for ``n``); a ``seed`` that is
+            not an int in ``[-2**63, 2**64 - 1]``; a ``device`` this machine does not have.
     """
 
     def __init__(
@@ -501,7 +569,11 @@ class SyntheticVQA(torch.utils.data.Dataset):
         noise: float = 0.0,
         device: torch.device | str | None = None,
     ):
-        g = torch.Generator().manual_seed(int(seed))
+        n_samples = check_int(n_samples, "n_samples")
+        seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+        if device is not None:
+            device = check_device(device, "device")
+        g = torch.Generator().manual_seed(seed)
         self.data = make_batch(
             n_samples, g, canvas=canvas, grid=grid, min_objects=min_objects, max_objects=max_objects, noise=noise
         )
@@ -610,12 +682,21 @@ class _ContinuousHead(nn.Module):
 
 
 def mixture_available() -> bool:
-    """Whether :mod:`attnopt.mixture` (multimodal continuous attention) can be imported."""
+    """Whether :mod:`attnopt.mixture` (multimodal continuous attention) can be imported.
+
+    Always true: the module is part of the package (kept for code written when it was optional).
+    """
     try:
         importlib.import_module("attnopt.mixture")
     except ImportError:
         return False
     return True
+
+
+#: The keyword arguments of :class:`attnopt.mixture.MultimodalContinuousAttention` a
+#: :class:`VQAModel` passes on through ``mixture_kwargs``.
+_MIXTURE_KWARGS = ("cov_floor", "differentiate_em", "init", "max_components", "n_init", "n_iter", "padding", "penalty",
+                   "selection_penalty")
 
 
 def _density_parts(density):
@@ -721,8 +802,11 @@ class VQAModel(nn.Module):
             templates are) or ``"gru"`` (embedding + GRU, slower on CPU).
 
     Raises:
-        ValueError: on an unknown head.
-        ImportError: for a mixture head when :mod:`attnopt.mixture` is not importable.
+        ValueError: on an unknown ``head`` or ``question_encoder``, sizes below 1 (``grid``
+            below 2), a non-positive ``basis_sigma``, a negative ``penalty``, ``uniform_mix``
+            outside ``[0, 1]``.
+        TypeError: non-integer sizes, ``mixture_kwargs`` not a dict or with a key
+            :class:`~attnopt.mixture.MultimodalContinuousAttention` does not take.
     """
 
     def __init__(
@@ -743,8 +827,22 @@ class VQAModel(nn.Module):
         question_encoder: str = "mlp",
     ):
         super().__init__()
-        if head not in HEADS:
-            raise ValueError(f"head must be one of {HEADS}; got {head!r}")
+        check_choice(head, "head", HEADS)
+        check_choice(question_encoder, "question_encoder", ("mlp", "gru"))
+        check_int(grid, "grid", minimum=2)
+        for name, value in (("channels", channels), ("feature_dim", feature_dim), ("hidden", hidden),
+                            ("n_basis_per_axis", n_basis_per_axis), ("n_components", n_components)):
+            check_int(value, name)
+        check_number(basis_sigma, "basis_sigma", low=0.0, low_open=True)
+        check_number(penalty, "penalty", low=0.0)
+        check_number(uniform_mix, "uniform_mix", low=0.0, high=1.0)
+        if mixture_kwargs is not None:
+            if not isinstance(mixture_kwargs, dict):
+                raise TypeError(f"mixture_kwargs must be a dict or None; got {type(mixture_kwargs).__name__}")
+            unknown = sorted(set(mixture_kwargs) - set(_MIXTURE_KWARGS))
+            if unknown:
+                raise TypeError(f"mixture_kwargs has keys {unknown} that MultimodalContinuousAttention does not take; "
+                                f"it takes {_MIXTURE_KWARGS}")
         self.head_name, self.grid = head, grid
         c = channels
         self.cnn = nn.Sequential(
@@ -757,8 +855,6 @@ class VQAModel(nn.Module):
         # attention scores start almost constant and the attention barely learns
         self.norm = nn.BatchNorm2d(feature_dim + 3)
         d = feature_dim + 5
-        if question_encoder not in ("mlp", "gru"):
-            raise ValueError(f"question_encoder must be 'mlp' or 'gru'; got {question_encoder!r}")
         self.question_encoder = question_encoder
         self.embed = nn.Embedding(len(VOCAB), 32, padding_idx=0)
         if question_encoder == "gru":
@@ -805,8 +901,42 @@ class VQAModel(nn.Module):
         return out[torch.arange(out.shape[0], device=out.device), idx]
 
     def forward(self, images: torch.Tensor, questions: torch.Tensor, question_lengths: torch.Tensor | None = None) -> VQAOutput:
-        """Answer logits and attention for a batch (see :class:`VQAOutput`)."""
+        """Answer logits and attention for a batch (see :class:`VQAOutput`).
+
+        Args:
+            images: ``(B, 3, H, W)`` finite float images.
+            questions: ``(B, T)`` integer token ids in ``[0, len(VOCAB))``, ``T <= MAX_QUESTION_LENGTH``.
+            question_lengths: ``None`` or ``(B,)`` integers in ``[0, T]`` (read by the GRU encoder).
+                All on the model's device.
+
+        Raises:
+            TypeError: non-float ``images``, non-integer ``questions`` or ``question_lengths``.
+            ValueError: shapes other than these, another device, NaN or infinite ``images``, ids
+                or lengths out of range.
+        """
         images = as_float_tensor(images, "images", min_ndim=4)
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"images must have shape (B, 3, H, W); got {tuple(images.shape)}")
+        check_same_device(images, "images", self.coords, "the model")
+        check_finite(images, "images")
+        if not isinstance(questions, torch.Tensor) or questions.is_floating_point() or questions.is_complex() \
+                or questions.dtype == torch.bool:
+            what = f"dtype {questions.dtype}" if isinstance(questions, torch.Tensor) else type(questions).__name__
+            raise TypeError(f"questions must be a tensor of integer token ids; got {what}")
+        if questions.ndim != 2 or not 1 <= questions.shape[1] <= MAX_QUESTION_LENGTH:
+            raise ValueError(f"questions must have shape (B, T) with 1 <= T <= {MAX_QUESTION_LENGTH}; got {tuple(questions.shape)}")
+        check_shape_match(questions, "questions", images, "images", [(0, 0)])
+        check_same_device(questions, "questions", self.coords, "the model")
+        require(((questions >= 0) & (questions < len(VOCAB))).all(), f"questions must hold ids in [0, {len(VOCAB)}) (VOCAB)")
+        if question_lengths is not None:
+            if not isinstance(question_lengths, torch.Tensor) or question_lengths.is_floating_point() \
+                    or question_lengths.is_complex() or question_lengths.dtype == torch.bool:
+                raise TypeError("question_lengths must be None or a tensor of integer lengths")
+            if question_lengths.shape != questions.shape[:1]:
+                raise ValueError(f"question_lengths must have shape (B,)=({questions.shape[0]},); got {tuple(question_lengths.shape)}")
+            check_same_device(question_lengths, "question_lengths", self.coords, "the model")
+            require(((question_lengths >= 0) & (question_lengths <= questions.shape[1])).all(),
+                    f"question_lengths must be in [0, {questions.shape[1]}] (the number of tokens)")
         h = self.encode_image(images)
         q = self.encode_question(questions, question_lengths)
         scores = self.att_w(F.relu(self.att_h(h)) * self.att_q(q).unsqueeze(1)).squeeze(-1)  # (B, L)
@@ -842,14 +972,16 @@ def attention_map(output: VQAOutput | AttentionOutput, resolution: int | None = 
     Returns:
         ``(B, resolution, resolution)`` non-negative tensor summing to one per example (all zeros
         only in the degenerate case of a sparse support that contains no cell centre).
+
+    Raises:
+        TypeError: ``output`` of another type, ``resolution`` not an int.
+        ValueError: ``resolution < 1``.
     """
     att = output.attention if isinstance(output, VQAOutput) else output
     if not isinstance(att, AttentionOutput):
         raise TypeError(f"output must be a VQAOutput or AttentionOutput; got {type(output).__name__}")
     G = att.grid
-    res = G if resolution is None else resolution
-    if isinstance(res, bool) or not isinstance(res, int) or res < 1:
-        raise ValueError(f"resolution must be a positive int; got {resolution!r}")
+    res = G if resolution is None else check_int(resolution, "resolution")
     if att.mu is None:
         w = att.scores_softmax
         if res != G:
@@ -881,17 +1013,29 @@ def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> t
             counts as relevant when it overlaps a relevant mask cell) or nearest upsampling.
 
     Returns:
-        ``(...)`` precisions in :math:`[0,1]`.
+        ``(...)`` precisions in :math:`[0,1]`; 0 for a map with no mass; empty for an empty batch.
 
     Raises:
-        ValueError: on negative attention or shapes that cannot be matched.
+        TypeError: ``attention_map`` not a float tensor, ``gt_mask`` not a tensor or array of
+            bools or numbers.
+        ValueError: NaN, infinite or negative attention, NaN or infinite mask entries, an empty
+            grid, leading dimensions that do not broadcast.
     """
     a = as_float_tensor(attention_map, "attention_map", min_ndim=2)
-    if (a < 0).any():
-        raise ValueError("attention_map must be non-negative")
-    m = torch.as_tensor(gt_mask, device=a.device)
-    if m.ndim < 2:
-        raise ValueError(f"gt_mask must have at least 2 dimensions; got shape {tuple(m.shape)}")
+    if a.shape[-2] < 1 or a.shape[-1] < 1:
+        raise ValueError(f"attention_map must have shape (..., H, W) with H, W >= 1; got {tuple(a.shape)}")
+    check_finite(a, "attention_map")
+    check_nonnegative(a, "attention_map")
+    try:
+        m = torch.as_tensor(gt_mask, device=a.device)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"gt_mask must be a tensor of bools or numbers; got {type(gt_mask).__name__}") from err
+    if m.is_complex():
+        raise TypeError(f"gt_mask must hold bools or real numbers; got dtype {m.dtype}")
+    if m.ndim < 2 or m.shape[-2] < 1 or m.shape[-1] < 1:
+        raise ValueError(f"gt_mask must have shape (..., H', W') with H', W' >= 1; got shape {tuple(m.shape)}")
+    check_finite(m, "gt_mask")
+    broadcast_shapes(**{"attention_map (leading dims)": a.shape[:-2], "gt_mask (leading dims)": m.shape[:-2]})
     m = (m != 0).to(a.dtype)
     if m.shape[-2:] != a.shape[-2:]:
         H, W = a.shape[-2:]
@@ -911,12 +1055,14 @@ def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> t
 # --------------------------------------------------------------------------------------------
 
 
-def _as_batch(data) -> VQABatch:
+def _as_batch(data, name: str = "data") -> VQABatch:
     if isinstance(data, SyntheticVQA):
-        return data.data
-    if isinstance(data, VQABatch):
-        return data
-    raise TypeError(f"data must be a SyntheticVQA or VQABatch; got {type(data).__name__}")
+        data = data.data
+    elif not isinstance(data, VQABatch):
+        raise TypeError(f"{name} must be a SyntheticVQA or VQABatch; got {type(data).__name__}")
+    if len(data) == 0:
+        raise ValueError(f"{name} must hold at least one example")
+    return data
 
 
 class _Progress:
@@ -987,14 +1133,28 @@ def train(
     Returns:
         The training history as a dict with ``"loss"`` (mean per epoch), ``"accuracy"`` (train, per epoch), ``"step_loss"``,
         ``"epoch_time"`` (seconds) and, with ``eval_data``, ``"eval"`` (list of dicts).
+
+    Raises:
+        TypeError: ``model`` not a :class:`VQAModel`, data of another type, non-integer
+            ``epochs``/``batch_size``/``seed``, ``progress`` not a bool.
+        ValueError: empty data, ``epochs`` or ``batch_size`` below 1, ``lr <= 0``, negative
+            ``weight_decay`` or ``attention_supervision``, a ``seed`` outside
+            ``[-2**63, 2**64 - 1]``, a ``device`` this machine does not have.
     """
-    data = _as_batch(train_data)
-    for name, v in (("epochs", epochs), ("batch_size", batch_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int; got {v!r}")
-    lr = check_positive(lr, "lr")
-    attention_supervision = check_positive(attention_supervision, "attention_supervision", allow_zero=True)
-    device = torch.device(device) if device is not None else model.coords.device
+    if not isinstance(model, VQAModel):
+        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
+    data = _as_batch(train_data, "train_data")
+    if eval_data is not None:
+        _as_batch(eval_data, "eval_data")
+    check_int(epochs, "epochs")
+    check_int(batch_size, "batch_size")
+    check_int(seed, "seed", -(2**63), 2**64 - 1)
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be True or False; got {type(progress).__name__}")
+    lr = check_number(lr, "lr", low=0.0, low_open=True)
+    weight_decay = check_number(weight_decay, "weight_decay", low=0.0)
+    attention_supervision = check_number(attention_supervision, "attention_supervision", low=0.0)
+    device = check_device(device, "device") if device is not None else model.coords.device
     model.to(device)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
@@ -1042,8 +1202,16 @@ def evaluate(model: VQAModel, data: SyntheticVQA | VQABatch, *, batch_size: int 
     Returns:
         ``{"overall", "yes/no", "number", "other", "attention_precision", "n"}`` (accuracies in
         [0, 1]; a type absent from ``data`` gets ``nan``).
+
+    Raises:
+        TypeError: ``model`` not a :class:`VQAModel`, ``data`` of another type, ``batch_size``
+            not an int.
+        ValueError: empty ``data``, ``batch_size < 1``.
     """
+    if not isinstance(model, VQAModel):
+        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
     data = _as_batch(data)
+    batch_size = check_int(batch_size, "batch_size")
     was_training = model.training
     model.eval()
     dev = model.coords.device

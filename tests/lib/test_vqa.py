@@ -241,7 +241,6 @@ def test_mixture_adapter_with_a_stand_in(monkeypatch):
     assert torch.allclose(A[1], d / d.sum(), atol=1e-6)
 
 
-@pytest.mark.skipif(not vqa.mixture_available(), reason="attnopt.mixture is not importable")
 @pytest.mark.parametrize("head", ["mixture", "mixture_selected"])
 def test_mixture_heads(head):
     b = vqa.make_batch(4, torch.Generator().manual_seed(0), canvas=28)
