@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from ._validation import check_int, check_number
+
 __all__ = ["PALETTE", "attention_heatmap", "small_multiples", "use_book_style"]
 
 #: Okabe–Ito colours, safe for the common forms of colour blindness.
@@ -87,10 +89,17 @@ def attention_heatmap(
     """Draw an ``(n_queries, n_keys)`` matrix of attention weights as a heatmap.
 
     Rows are queries, columns keys; masked (zero) weights show as the colormap's floor.
+
+    Raises:
+        ValueError: ``weights`` not a non-empty 2-D matrix of finite numbers, ``vmax <= 0``.
     """
     w = _numpy(weights)
-    if w.ndim != 2:
-        raise ValueError(f"weights must be a 2-D (n_queries, n_keys) matrix; got shape {w.shape}")
+    if w.ndim != 2 or w.size == 0:
+        raise ValueError(f"weights must be a non-empty 2-D (n_queries, n_keys) matrix; got shape {w.shape}")
+    if not np.issubdtype(w.dtype, np.number) or not np.isfinite(w).all():
+        raise ValueError("weights must hold finite numbers (NaN or an infinity would draw as a wrong colour)")
+    if vmax is not None:
+        vmax = check_number(vmax, "vmax", low=0.0, low_open=True)
     if ax is None:
         _, ax = plt.subplots(figsize=(0.45 * w.shape[1] + 1.8, 0.45 * w.shape[0] + 1.0))
     im = ax.imshow(w, vmin=0.0, vmax=vmax if vmax is not None else max(float(w.max()), 1e-12), aspect="equal")
@@ -113,9 +122,14 @@ def attention_heatmap(
 
 
 def small_multiples(n: int, ncols: int = 3, *, panel_size: tuple[float, float] = (3.0, 2.6), **kwargs):
-    """A grid of ``n`` panels (``ncols`` wide); unused panels are hidden. Returns ``(fig, axes_flat)``."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1; got {n}")
+    """A grid of ``n`` panels (``ncols`` wide); unused panels are hidden. Returns ``(fig, axes_flat)``.
+
+    Raises:
+        TypeError: ``n`` or ``ncols`` not an int.
+        ValueError: ``n`` or ``ncols`` below 1.
+    """
+    n = check_int(n, "n")
+    ncols = check_int(ncols, "ncols")
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(panel_size[0] * ncols, panel_size[1] * nrows), squeeze=False, **kwargs)
