@@ -213,9 +213,10 @@ def _e_step(points, weights, means, covs, mixing):
 
 
 def _gumbel(shape, like, generator):
+    """Standard Gumbel noise :math:`-\\log(-\\log u)`, finite (``u`` and ``-log u`` kept above ``tiny``)."""
     u = torch.rand(shape, dtype=like.dtype, device=like.device, generator=generator)
     tiny = torch.finfo(like.dtype).tiny
-    return -torch.log(-torch.log(u.clamp_min(tiny)).clamp_min(tiny))
+    return -torch.log((-torch.log(u.clamp_min(tiny))).clamp_min(tiny))
 
 
 def _seed_kmeanspp(points, log_weights, k, generator):
