@@ -7,7 +7,10 @@ unimodal ContinuousAttention module, finite differences (gradcheck), and per-exa
 
 from __future__ import annotations
 
+import math
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +30,7 @@ from attnopt.mixture import (
 GaussianMixture = pytest.importorskip("sklearn.mixture").GaussianMixture
 
 F64 = torch.float64
+sys.path.insert(0, str(Path(__file__).parent))  # tests/lib/host_reads.py
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -399,6 +403,184 @@ def test_float32_runs():
     mm = MultimodalContinuousAttention(basis, grid_locations(14), 2)
     c = mm(torch.randn(4, 196), torch.randn(4, 196, 8))
     assert c.dtype == torch.float32 and torch.isfinite(c).all()
+
+
+# --------------------------------------------------------------------------------------------
+# degenerate points, range, precision, host reads
+# --------------------------------------------------------------------------------------------
+
+
+def _weighted_moments(x, w):
+    w = w / w.sum()
+    mean = (w[:, None] * x).sum(0)
+    diff = x - mean
+    return mean, (w[:, None, None] * diff[:, :, None] * diff[:, None, :]).sum(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_collinear_points_without_floor_are_moment_matched_with_the_resolution_floor(dtype):
+    """K = 1 on collinear points with cov_floor = 0: the weighted moments (independent, float64) plus
+    the documented floor 10 u (tr + u s^2) along the missing direction; finite, positive definite."""
+    g = torch.Generator().manual_seed(0)
+    u = torch.rand(30, generator=g, dtype=F64) * 3 - 1
+    x = torch.stack([u, 0.5 - 2 * u], -1)  # on a line
+    w = torch.rand(30, generator=g, dtype=F64) + 0.1
+    fit = weighted_em(x.to(dtype), w.to(dtype), 1, n_iter=3, init="regions", tol=None, cov_floor=0.0)
+    mean, cov = _weighted_moments(x, w)
+    eps = torch.finfo(dtype).eps
+    floor = 10 * eps * cov.trace()
+    assert fit.covariances.dtype == dtype
+    torch.testing.assert_close(fit.means[0].double(), mean, atol=50 * eps, rtol=0)
+    torch.testing.assert_close(fit.covariances[0].double(), cov, atol=50 * eps * cov.trace(), rtol=0)
+    eig = torch.linalg.eigvalsh(fit.covariances[0].double())
+    assert 0.5 * floor < eig[0] < 1.5 * floor  # the null direction gets the floor, nothing else
+    # closed form of (5.16) at the fit: -W/2 (D log 2 pi + log det S + tr(S^-1 C)), S = C + floor I
+    S = cov + eig[0] * torch.eye(2, dtype=F64)
+    want = -0.5 * w.sum() * (2 * math.log(2 * math.pi) + torch.logdet(S) + torch.linalg.solve(S, cov).trace())
+    torch.testing.assert_close(fit.log_likelihood.double(), want, rtol=1e-3 if dtype == F64 else 1e-2, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("k", [1, 3])
+def test_coincident_points_without_floor_give_a_finite_point_mass(dtype, k):
+    x = torch.tensor([[0.3, -0.7]], dtype=dtype).expand(6, 2)
+    w = torch.tensor([1.0, 2.0, 0.0, 1.0, 3.0, 0.5], dtype=dtype)
+    fit = weighted_em(x, w, k, n_iter=5, init="kmeans++", tol=None, cov_floor=0.0, generator=torch.Generator().manual_seed(0))
+    assert all(torch.isfinite(t).all() for t in fit[:5])
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(fit.means, x[:1].expand(k, 2), atol=100 * eps, rtol=0)
+    eig = torch.linalg.eigvalsh(fit.covariances.double())
+    assert (eig > 0).all() and (eig < 1e3 * eps**2).all()  # a point mass, up to the resolution floor
+    assert fit.log_likelihood > w.sum() * math.log(1 / eps)  # a density above 1/eps at the point, finite
+
+
+@pytest.mark.parametrize("c", [2.0**40, 1e-30, 3e120])
+def test_fit_is_equivariant_under_scaling_at_any_magnitude(c):
+    """N(c t; c mu, c^2 Sigma) = N(t; mu, Sigma) / c^D: the fit to c t (floor c^2 f) is the fit to t,
+    scaled, far beyond the range where the squares of the coordinates are representable unscaled."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.softmax(torch.randn(3, 196, generator=g, dtype=F64) * 2, -1)
+    a = weighted_em(grid, w, 3, n_iter=15, init="regions", tol=None, cov_floor=1e-6)
+    b = weighted_em(c * grid, w, 3, n_iter=15, init="regions", tol=None, cov_floor=c * c * 1e-6)
+    torch.testing.assert_close(b.means, c * a.means, rtol=1e-9, atol=0)
+    torch.testing.assert_close(b.covariances, c * c * a.covariances, rtol=1e-9, atol=1e-9 * c * c * 1e-6)
+    torch.testing.assert_close(b.mixing, a.mixing, rtol=0, atol=1e-9)
+    torch.testing.assert_close(b.log_likelihood, a.log_likelihood - 2 * math.log(c) * w.sum(-1), rtol=1e-9, atol=1e-9)
+
+
+def test_weights_of_any_magnitude_give_the_same_fit():
+    """The fit does not depend on the scale of the weights (5.12)-(5.15), and l_w is linear in it: in
+    float32, weights near 1e36 (whose sum overflows) or 1e-40 (subnormal) too."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.softmax(torch.randn(196, generator=g) * 2, -1)
+    a = weighted_em(grid_locations(14), w, 2, n_iter=10, init="regions", tol=None)
+    for c in (2.0**120, 2.0**-100):  # exact scalings of the weights: the same rounding
+        b = weighted_em(grid_locations(14), c * w, 2, n_iter=10, init="regions", tol=None)
+        for x, y in zip(a[:3], b[:3]):
+            assert torch.equal(x, y)
+        assert torch.equal(b.log_likelihood, c * a.log_likelihood)
+    b = weighted_em(grid_locations(14), 1e-40 * w, 2, n_iter=10, init="regions", tol=None)  # ~3 digits left
+    torch.testing.assert_close(b.means, a.means, rtol=0, atol=1e-3)
+    torch.testing.assert_close(b.mixing, a.mixing, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32(dtype):
+    g = torch.Generator().manual_seed(4)
+    w = torch.softmax(torch.randn(2, 196, generator=g) * 2, -1).to(dtype)
+    pts = grid_locations(14).to(dtype)
+    half = weighted_em(pts, w, 2, n_iter=5, init="regions", tol=None)
+    full = weighted_em(pts.float(), w.float(), 2, n_iter=5, init="regions", tol=None)
+    assert half.means.dtype == half.covariances.dtype == half.log_likelihood.dtype == dtype
+    for h, f in zip(half[:5], full[:5]):
+        assert torch.equal(h, f.to(dtype))
+
+
+def test_tol_without_host_reads_freezes_at_the_same_fit():
+    """Under checks("async") (as on a GPU) early stopping cannot read: every iteration runs, and the
+    parameters stop changing at the iteration where the eager loop stops."""
+    import attnopt
+
+    w = torch.stack([TWO_BLOBS, TWO_BLOBS_UNEQUAL])
+    w = w / w.sum(-1, keepdim=True)
+    eager = weighted_em(grid, w, 2, n_iter=400, init="regions", tol=1e-9)
+    with attnopt.checks("async"):
+        quiet = weighted_em(grid, w, 2, n_iter=400, init="regions", tol=1e-9)
+    assert 1 < eager.n_iter < 400 and quiet.n_iter == 400
+    for a, b in zip(eager[:4], quiet[:4]):
+        assert torch.equal(a, b)
+    assert torch.equal(quiet.history[: eager.n_iter], eager.history)
+    assert (quiet.history[eager.n_iter :] == eager.log_likelihood).all()
+
+
+@pytest.mark.parametrize("init", ["regions", "kmeans++", "random", "given"])
+def test_em_without_tol_makes_no_host_read(init):
+    from host_reads import host_reads
+
+    w = torch.softmax(torch.randn(3, 196, dtype=F64) * 2, -1)
+    if init == "given":
+        init = {"means": torch.rand(3, 2, dtype=F64), "covariances": 0.01 * torch.eye(2, dtype=F64).expand(3, 2, 2),
+                "mixing": torch.full((3,), 1 / 3, dtype=F64)}
+    assert host_reads(weighted_em, grid, w, 3, n_iter=4, init=init, tol=None, generator=torch.Generator()) == []
+
+
+def test_module_forward_and_backward_make_no_host_read():
+    from host_reads import host_reads
+
+    mm = MultimodalContinuousAttention(BASIS, grid, 2, n_iter=4)
+    s = torch.randn(3, 196, dtype=F64, requires_grad=True)
+    v = torch.randn(3, 196, 4, dtype=F64, requires_grad=True)
+    assert host_reads(mm.fit_mixture, torch.softmax(s, -1)) == []  # the mixture side alone
+    assert host_reads(mm, s, v) == []
+    c = mm(s, v)
+    assert host_reads(lambda: c.square().sum().backward()) == []
+
+
+def test_module_rows_with_every_score_masked_attend_to_nothing():
+    g = torch.Generator().manual_seed(5)
+    s = torch.randn(3, 196, generator=g, dtype=F64)
+    s[1] = -math.inf
+    s[2, :100] = -math.inf  # partly masked: those locations get weight 0
+    s.requires_grad_(True)
+    v = torch.randn(3, 196, 4, generator=g, dtype=F64, requires_grad=True)
+    mm = MultimodalContinuousAttention(BASIS, grid, 2, n_iter=5)
+    c, (pi, mu, Sigma) = mm(s, v, return_mixture=True)
+    assert torch.equal(c[1], torch.zeros(4, dtype=F64)) and torch.equal(pi[1], torch.zeros(2, dtype=F64))
+    assert torch.isfinite(mu).all() and (torch.linalg.eigvalsh(Sigma) > 0).all()
+    rest = mm(s.detach()[[0, 2]], v.detach()[[0, 2]])
+    torch.testing.assert_close(c[[0, 2]], rest, rtol=1e-12, atol=1e-12)
+    c.square().sum().backward()
+    assert torch.isfinite(s.grad).all() and (s.grad[1] == 0).all() and (s.grad[2, :100] == 0).all()
+    assert torch.isfinite(v.grad).all()
+
+
+@pytest.mark.parametrize("rule", ["random", "kmeans++"])
+def test_random_seeds_are_drawn_in_proportion_to_the_weights(rule):
+    """Regression: the Gumbel noise of the seeding was NaN, so every seed was location 0 and the
+    "random"/"kmeans++" initializations were neither.  The first seed of both rules is a draw from w
+    (Gumbel-max): over many examples its frequencies are w; the seeds of an example are distinct."""
+    from attnopt.mixture import _seed_kmeanspp, _seed_random
+
+    seed_fn = _seed_random if rule == "random" else _seed_kmeanspp
+    w = torch.tensor([0.0, 0.1, 0.2, 0.3, 0.4], dtype=F64)
+    n = 20000
+    pts = torch.arange(5, dtype=F64)[:, None].expand(n, 5, 1)
+    seeds = seed_fn(pts, torch.log(w).expand(n, 5), 2, torch.Generator().manual_seed(0))  # (n, 2, 1)
+    freq = torch.bincount(seeds[:, 0, 0].long(), minlength=5).to(F64) / n
+    torch.testing.assert_close(freq, w, atol=4 * math.sqrt(0.25 / n), rtol=0)  # 4 standard deviations
+    assert freq[0] == 0 and (seeds[:, 0] != seeds[:, 1]).all()
+
+
+def test_more_components_than_weighted_points():
+    """Two locations carry all the weight: EM with K = 4 stays finite and select_components keeps 2."""
+    w = torch.zeros(196, dtype=F64)
+    w[[20, 150]] = torch.tensor([0.6, 0.4], dtype=F64)
+    fit = weighted_em(grid, w, 4, n_iter=20, init="kmeans++", tol=None, generator=torch.Generator().manual_seed(0))
+    assert all(torch.isfinite(t).all() for t in fit[:5])
+    sel = select_components(grid, w, max_components=4, n_iter=20, generator=torch.Generator().manual_seed(0))
+    assert int(sel.n_components) == 2
+    order = sel.means[:2, 0].argsort()
+    torch.testing.assert_close(sel.means[:2][order], grid[[20, 150]], atol=1e-6, rtol=0)
 
 
 # --------------------------------------------------------------------------------------------
