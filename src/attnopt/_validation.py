@@ -392,6 +392,16 @@ def check_spd(S: torch.Tensor, name: str) -> None:
     require((info == 0).all(), f"{name} must be positive definite; at least one matrix is not (Cholesky failed)")
 
 
+def check_bool(value, name: str) -> bool:
+    """Return ``value`` after checking it is a bool (NumPy's ``bool_`` included); ``TypeError`` otherwise.
+
+    A flag given a string or a number (``as_printed="no"``) would otherwise be silently truthy.
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"{name} must be True or False; got {type(value).__name__}")
+
+
 def check_device(device, name: str = "device", *, auto: bool = False) -> torch.device:
     """Return ``device`` as a :class:`torch.device` that this machine has, or raise naming ``name``.
 
