@@ -20,9 +20,23 @@ distribution in its natural parameters.  Everything is batched over leading dime
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from ._validation import as_float_tensor, check_dim, check_finite, check_positive, check_probability_vector
+from ._validation import (
+    as_float_tensor,
+    broadcast_shapes,
+    check_bool,
+    check_dim,
+    check_finite,
+    check_int,
+    check_positive,
+    check_probability_vector,
+    check_same_device,
+    check_same_dtype,
+    require,
+)
 
 __all__ = [
     "advantage_gradient",
@@ -34,16 +48,32 @@ __all__ = [
 
 
 def _policy_and_reward(p, reward, dim: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``p`` and ``reward`` checked and broadcast to one shape, and ``dim`` as an index into it."""
     p = as_float_tensor(p, "p", min_ndim=1)
     d = check_dim(dim, p.ndim)
-    check_probability_vector(p, "p", dim=d)
     u = as_float_tensor(reward, "reward", like=p)
+    check_same_dtype(u, "reward", p, "p")
+    check_same_device(u, "reward", p, "p")
+    shape = broadcast_shapes(p=p.shape, reward=u.shape)
+    check_probability_vector(p, "p", dim=d)
     check_finite(u, "reward")
-    try:
-        torch.broadcast_shapes(p.shape, u.shape)
-    except RuntimeError as err:
-        raise ValueError(f"reward of shape {tuple(u.shape)} does not broadcast to p of shape {tuple(p.shape)}") from err
-    return p, u, d
+    return p.expand(shape), u.expand(shape), d + len(shape) - p.ndim
+
+
+def _scaled_reward(p: torch.Tensor, u: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""``u / c``, its mean under ``p``, and ``c``: the largest :math:`|u_j|` of each row (1 for a zero row).
+
+    Every formula here is linear in :math:`u`, so it is evaluated on :math:`u/c\in[-1,1]` and
+    multiplied by :math:`c` last: :math:`u_j-\mathbb E_p[u]` would overflow for rewards of opposite
+    signs near the largest float, even where the answer is representable.
+    """
+    if u.numel() == 0:
+        c = torch.ones((), dtype=u.dtype, device=u.device)
+    else:
+        c = u.detach().abs().amax(dim=d, keepdim=True)
+        c = torch.where(c > 0, c, torch.ones_like(c))
+    v = u / c
+    return v, (p * v).sum(dim=d, keepdim=True), c
 
 
 def advantage_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tensor:
@@ -66,12 +96,23 @@ def advantage_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, 
         dim: dimension of the keys.
 
     Returns:
-        The gradient, broadcast shape of ``p`` and ``reward``.
+        The gradient, broadcast shape of ``p`` and ``reward`` (empty for empty inputs, e.g. no key).
+
+    Raises:
+        ValueError: ``p`` negative, NaN or not summing to one along ``dim``; NaN or infinite
+            rewards; shapes that do not broadcast; ``tau`` not a finite number > 0; ``dim`` out of
+            range; tensors on different devices; a gradient beyond the dtype's range (a tiny
+            ``tau``).
+        TypeError: non-float or mixed-dtype tensors, ``tau`` not a real number, ``dim`` not an int.
     """
     p, u, d = _policy_and_reward(p, reward, dim)
     tau = check_positive(tau, "tau")
-    baseline = (p * u).sum(dim=d, keepdim=True)
-    return p * (u - baseline) / tau
+    v, baseline, c = _scaled_reward(p, u, d)
+    # |p_j (v_j - E_p[v])| <= 2 p_j (1 - p_j) <= 1/2: the product with c cannot overflow, only the division
+    out = (p * (v - baseline) * c) / tau
+    fix = "" if out.dtype == torch.float64 else "; pass float64 tensors"
+    require(torch.isfinite(out).all(), f"the advantage gradient overflows {out.dtype} (tau too small for reward){fix}")
+    return out
 
 
 def natural_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tensor:
@@ -94,10 +135,18 @@ def natural_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, di
 
     Returns:
         :math:`\tau(u-\mathbb E_p[u])`, broadcast shape of ``p`` and ``reward``.
+
+    Raises:
+        ValueError, TypeError: as :func:`advantage_gradient` (the result overflows for a large ``tau``).
     """
     p, u, d = _policy_and_reward(p, reward, dim)
     tau = check_positive(tau, "tau")
-    return tau * (u - (p * u).sum(dim=d, keepdim=True))
+    v, baseline, c = _scaled_reward(p, u, d)
+    # |v - E_p[v]| <= 2: the factor that shrinks comes first, so no product overflows unless the result does
+    out = (v - baseline) * c * tau if tau >= 1.0 else (v - baseline) * tau * c
+    fix = "" if out.dtype == torch.float64 else "; pass float64 tensors"
+    require(torch.isfinite(out).all(), f"the natural gradient overflows {out.dtype} (tau too large for reward){fix}")
+    return out
 
 
 def fisher_information(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -141,15 +190,37 @@ def log_sum_exp_potential(scores: torch.Tensor, tau: float = 1.0, dim: int = -1)
         tau: temperature :math:`\tau>0`.
         dim: dimension that is reduced.
 
+    Computed as :math:`m+\tau\log\sum_j e^{(s_j-m)/\tau}` with :math:`m=\max_j s_j`, the shift
+    coming before the division by :math:`\tau` (which a small :math:`\tau` would overflow), so the
+    value is finite for every finite row.  A row of all ``-inf`` scores, or of no score (``n = 0``, an
+    empty sum), gives :math:`-\infty` with a zero gradient (the zero row that softmax gives it).
+
     Returns:
         ``scores`` with ``dim`` reduced, in ``scores``' dtype (computed in float32 for half inputs).
+
+    Raises:
+        ValueError: NaN or ``+inf`` scores, ``tau`` not a finite number > 0, ``dim`` out of range,
+            a value beyond the dtype's range (a row within :math:`\tau\log n` of the largest float).
+        TypeError: ``scores`` not floating, ``tau`` not a real number, ``dim`` not an int.
     """
     x = as_float_tensor(scores, "scores", min_ndim=1)
-    check_finite(x, "scores", allow_neg_inf=True)
     d = check_dim(dim, x.ndim)
     tau = check_positive(tau, "tau")
+    check_finite(x, "scores", allow_neg_inf=True)
     work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return (tau * torch.logsumexp(work / tau, dim=d)).to(x.dtype)
+    if work.shape[d] == 0:  # the log of an empty sum
+        return (work.sum(dim=d) - math.inf).to(x.dtype)
+    top = work.detach().amax(dim=d, keepdim=True)
+    empty = top == -math.inf  # rows of all -inf: no shift, and a zero gradient rather than 0 * inf
+    top = torch.where(empty, torch.zeros_like(top), top)
+    # a tau that rounds to 0 in the working dtype would make 0 / 0 at the maximum: divide by its smallest
+    # normal number instead, which gives the tau -> 0 limit (the maximum) to within its resolution
+    div = max(tau, torch.finfo(work.dtype).tiny)
+    shifted = torch.where(empty, torch.zeros_like(work), (work - top) / div)
+    value = top.squeeze(d) + div * torch.logsumexp(shifted, dim=d)
+    value = torch.where(empty.squeeze(d), torch.full_like(value, -math.inf), value).to(x.dtype)
+    require((value < math.inf).all(), f"log_sum_exp_potential overflows {x.dtype}: scores too close to its largest value")
+    return value
 
 
 def reinforce_estimate(
@@ -183,22 +254,38 @@ def reinforce_estimate(
             estimate, ``(n_samples, ..., n)``, for variance studies.
 
     Returns:
-        The estimate(s).
+        The estimate(s); an empty batch gives an empty result.
+
+    Raises:
+        ValueError: as :func:`advantage_gradient`; ``n_samples < 1``; distributions over no key
+            (``n = 0``, nothing to sample) in a non-empty batch.
+        TypeError: as :func:`advantage_gradient`; ``n_samples`` not an int, ``baseline`` or
+            ``reduce`` not a bool, ``generator`` not a ``torch.Generator``.
     """
-    p, u, _ = _policy_and_reward(p, reward, -1)
+    p, u, d = _policy_and_reward(p, reward, -1)
     tau = check_positive(tau, "tau")
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-        raise ValueError(f"n_samples must be an int >= 1; got {n_samples!r}")
-    shape = torch.broadcast_shapes(p.shape, u.shape)
-    p = p.expand(shape)
-    u = u.expand(shape)
+    n_samples = check_int(n_samples, "n_samples", 1)
+    baseline = check_bool(baseline, "baseline")
+    reduce = check_bool(reduce, "reduce")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
+    shape = p.shape
     n = shape[-1]
+    if p.numel() == 0:
+        if n == 0 and math.prod(shape[:-1]) > 0:
+            raise ValueError(f"p has no key to sample (shape {tuple(shape)} with n = 0): a distribution over no key has no sample")
+        return p.new_zeros(shape) if reduce else p.new_zeros((n_samples, *shape))
+    v, mean_v, c = _scaled_reward(p, u, d)  # v = u / c in [-1, 1]: the estimate is c times that of v
     flat_p = p.reshape(-1, n)
     idx = torch.multinomial(flat_p, n_samples, replacement=True, generator=generator)  # (B, K)
-    flat_u = u.reshape(-1, n)
-    b = (flat_p * flat_u).sum(-1, keepdim=True) if baseline else torch.zeros_like(flat_u[:, :1])
-    weight = (flat_u.gather(-1, idx) - b).transpose(0, 1)  # (K, B)
+    flat_v = v.reshape(-1, n)
+    b = mean_v.reshape(-1, 1) if baseline else torch.zeros_like(flat_v[:, :1])
+    weight = (flat_v.gather(-1, idx) - b).transpose(0, 1)  # (K, B), at most 2 in size
     onehot = torch.nn.functional.one_hot(idx.transpose(0, 1), n).to(p.dtype)  # (K, B, n)
-    est = weight.unsqueeze(-1) * (onehot - flat_p) / tau
+    est = weight.unsqueeze(-1) * (onehot - flat_p)
+    flat_c = c.expand(shape[:-1] + (1,)).reshape(-1, 1)
+    est = est * flat_c / tau if tau <= 1.0 else est / tau * flat_c  # no product overflows unless the result does
     est = est.reshape(n_samples, *shape)
+    fix = "" if est.dtype == torch.float64 else "; pass float64 tensors"
+    require(torch.isfinite(est).all(), f"the REINFORCE estimate overflows {est.dtype} (tau too small for reward){fix}")
     return est.mean(dim=0) if reduce else est

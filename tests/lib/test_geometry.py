@@ -112,6 +112,29 @@ def test_low_precision_potential():
     assert G.log_sum_exp_potential(torch.full((3,), float("-inf")), 1.0) == float("-inf")
 
 
+@pytest.mark.parametrize("dtype,tau", [(torch.float64, 1e-310), (torch.float32, 1e-60), (torch.float32, 1e-3)])
+def test_lse_potential_at_small_tau_is_the_maximum(dtype, tau):
+    """tau log sum e^{s/tau} -> max s (within tau log n): s / tau would overflow, and tau itself may
+    round to 0 in the dtype, without the shift by the maximum before the division."""
+    s = (rand(3, 6, seed=20, scale=10.0) + 1e3).to(dtype)
+    phi = G.log_sum_exp_potential(s, tau)
+    top = s.amax(-1)
+    assert phi.dtype == dtype
+    assert ((phi - top) >= 0).all() and ((phi - top) <= tau * 1.8 + 4 * torch.finfo(dtype).eps * top.abs()).all()
+
+
+def test_policy_gradients_for_rewards_near_the_largest_float():
+    """u_j - E_p[u] overflows for rewards of both signs near the largest float; the gradients are
+    linear in u, so they equal big times those of u / big."""
+    big = 0.6 * torch.finfo(torch.float64).max
+    p = torch.softmax(rand(2, 5, seed=21), -1)
+    u = torch.tensor([1.0, -1.0, 0.3, -0.2, 0.9], dtype=torch.float64)
+    for fn, tau in ((G.advantage_gradient, 0.4), (G.natural_gradient, 0.7)):
+        torch.testing.assert_close(fn(p, u * big, tau) / big, fn(p, u, tau), rtol=1e-13, atol=1e-15)
+    with pytest.raises(ValueError, match="tau"):
+        G.natural_gradient(p, u * big, 4.0)  # 4 (u_j - E_p[u]) is beyond the largest float
+
+
 def test_bad_input_errors():
     p = torch.softmax(rand(3, 4), -1)
     with pytest.raises(ValueError, match="tau"):
