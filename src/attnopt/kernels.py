@@ -44,6 +44,7 @@ semi-norms of potentials are taken with respect to :math:`\ell_1` (their dual no
 from __future__ import annotations
 
 import math
+import sys
 from typing import Callable, Union
 
 import numpy as np
@@ -51,10 +52,19 @@ import torch
 
 from ._validation import (
     as_float_tensor,
+    broadcast_shapes,
+    check_bool,
+    check_choice,
     check_finite,
+    check_int,
+    check_nonnegative,
+    check_number,
     check_positive,
     check_probability_vector,
+    check_same_device,
+    check_same_dtype,
     check_shape_match,
+    require,
 )
 
 __all__ = [
@@ -115,34 +125,42 @@ class EmpiricalMeasure:
     __slots__ = ("points", "weights", "_uniform")
 
     def __init__(self, points, weights=None):
-        points = as_float_tensor(points, "points", min_ndim=2)
+        self._setup(points, weights, "points", "weights")
+
+    def _setup(self, points, weights, points_name: str, weights_name: str) -> None:
+        """Validate and store, naming the arguments as the caller's user wrote them."""
+        points = as_float_tensor(points, points_name, min_ndim=2)
         if points.shape[-2] == 0:
-            raise ValueError(f"points must hold at least one atom (shape (..., N, d) with N >= 1); got {tuple(points.shape)}")
+            raise ValueError(
+                f"{points_name} must hold at least one atom (shape (..., N, d) with N >= 1): a probability "
+                f"measure needs one; got {tuple(points.shape)}"
+            )
         if points.shape[-1] == 0:
-            raise ValueError(f"points must have dimension d >= 1 (shape (..., N, d)); got {tuple(points.shape)}")
-        check_finite(points, "points")
+            raise ValueError(f"{points_name} must have dimension d >= 1 (shape (..., N, d)); got {tuple(points.shape)}")
         if weights is None:
             n = points.shape[-2]
             weights = torch.full(points.shape[:-1], 1.0 / n, dtype=points.dtype, device=points.device)
             self._uniform = True
         else:
             self._uniform = False
-            weights = as_float_tensor(weights, "weights", min_ndim=1, like=points)
-            if weights.device != points.device:
-                raise ValueError(f"weights are on {weights.device} but points are on {points.device}")
+            weights = as_float_tensor(weights, weights_name, min_ndim=1, like=points)
+            check_same_device(weights, weights_name, points, points_name)
             weights = weights.to(points.dtype)
-            check_shape_match(points, "points", weights, "weights", [(-2, -1)])
-            try:
-                torch.broadcast_shapes(points.shape[:-2], weights.shape[:-1])
-            except RuntimeError as err:
-                raise ValueError(
-                    f"the batch dimensions of points {tuple(points.shape[:-2])} and weights "
-                    f"{tuple(weights.shape[:-1])} do not broadcast"
-                ) from err
-            check_finite(weights, "weights")
-            check_probability_vector(weights, "weights")
+            check_shape_match(points, points_name, weights, weights_name, [(-2, -1)])
+            broadcast_shapes(**{f"the batch dimensions of {points_name}": points.shape[:-2],
+                                f"the batch dimensions of {weights_name}": weights.shape[:-1]})
+            check_finite(weights, weights_name)
+            check_probability_vector(weights, weights_name)
+        check_finite(points, points_name)
         self.points = points
         self.weights = weights
+
+    @classmethod
+    def _named(cls, points, weights, points_name: str, weights_name: str = "weights") -> "EmpiricalMeasure":
+        """The validated measure, with the error messages naming the caller's arguments."""
+        self = cls.__new__(cls)
+        self._setup(points, weights, points_name, weights_name)
+        return self
 
     @classmethod
     def _trusted(cls, points: torch.Tensor, weights: torch.Tensor) -> "EmpiricalMeasure":
@@ -157,7 +175,7 @@ class EmpiricalMeasure:
     def dirac(cls, x) -> "EmpiricalMeasure":
         r"""The Dirac measures :math:`\delta_x` for ``x`` of shape ``(..., d)``."""
         x = as_float_tensor(x, "x", min_ndim=1)
-        return cls(x.unsqueeze(-2))
+        return cls._named(x.unsqueeze(-2), None, "x")
 
     @property
     def n_atoms(self) -> int:
@@ -184,8 +202,7 @@ class EmpiricalMeasure:
 
     def integrate(self, values: torch.Tensor) -> torch.Tensor:
         r""":math:`\mu(f)=\sum_i w_i f(x_i)` for ``values[..., i, :] = f(x_i)`` of shape ``(..., N, l)``."""
-        values = as_float_tensor(values, "values", min_ndim=2)
-        check_shape_match(values, "values", self.weights, "weights", [(-2, -1)])
+        values = _table(values, self, "values", "the measure's points")
         return _weighted_sum(self.weights, values)
 
     def mean(self) -> torch.Tensor:
@@ -214,8 +231,26 @@ def _as_measure(x, name: str) -> EmpiricalMeasure:
     if isinstance(x, EmpiricalMeasure):
         return x
     if isinstance(x, torch.Tensor):
-        return EmpiricalMeasure(x)
+        return EmpiricalMeasure._named(x, None, name)
     raise TypeError(f"{name} must be an EmpiricalMeasure or a (..., N, d) tensor of points; got {type(x).__name__}")
+
+
+def _log_weights(w: torch.Tensor) -> torch.Tensor:
+    """``log w`` with ``log 0 = -inf`` and no NaN gradient at the zeros (a zero weight masks an atom)."""
+    pos = w > 0
+    return torch.where(pos, torch.log(torch.where(pos, w, torch.ones_like(w))), torch.full_like(w, float("-inf")))
+
+
+def _table(values, mu: EmpiricalMeasure, name: str, mu_name: str) -> torch.Tensor:
+    """Validate values ``(..., N, l)`` attached to the atoms of ``mu`` (a lookup table, a function's values)."""
+    values = as_float_tensor(values, name, min_ndim=2, like=mu.points)
+    check_same_dtype(values, name, mu.points, mu_name)
+    check_same_device(values, name, mu.points, mu_name)
+    check_shape_match(values, name, mu.points, mu_name, [(-2, -2)])
+    broadcast_shapes(**{f"the batch dimensions of {name}": values.shape[:-2],
+                        f"the batch dimensions of {mu_name}": mu.batch_shape})
+    check_finite(values, name)
+    return values
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,48 +277,102 @@ def boltzmann_gibbs(nu: EmpiricalMeasure, potential=None, *, log_potential=None)
         :math:`\Psi_g(\nu)`, an :class:`EmpiricalMeasure` on the atoms of ``nu``.
 
     Raises:
-        ValueError: both or neither potential given, negative or NaN potential values, or
-            :math:`\nu(g)=0`.
+        ValueError: both or neither potential given; negative, NaN or ``+inf`` potential values
+            (``g`` maps into :math:`[0,\infty)`), NaN or ``+inf`` in ``log_potential``; a shape that
+            does not match or broadcast with ``nu``; a potential on another device; or
+            :math:`\nu(g)=0` (the potential vanishes on the support of :math:`\nu`, so
+            :math:`\Psi_g(\nu)` is undefined).
+        TypeError: ``nu`` not a measure or tensor; a potential that is not a floating tensor, or in
+            another dtype than ``nu``.
     """
     nu = _as_measure(nu, "nu")
     if (potential is None) == (log_potential is None):
         raise ValueError("give exactly one of potential and log_potential")
+    name = "potential" if potential is not None else "log_potential"
+    given = potential if potential is not None else log_potential
+    values = given(nu.points) if callable(given) else given
+    values = as_float_tensor(values, name, min_ndim=1, like=nu.points)
+    check_same_dtype(values, name, nu.points, "nu's points")
+    check_same_device(values, name, nu.points, "nu's points")
+    check_shape_match(values, name, nu.weights, "nu.weights", [(-1, -1)])
+    broadcast_shapes(**{f"the batch dimensions of {name}": values.shape[:-1], "the batch dimensions of nu": nu.batch_shape})
     if potential is not None:
-        g = potential(nu.points) if callable(potential) else potential
-        g = as_float_tensor(g, "potential", min_ndim=1, like=nu.points)
-        if torch.isnan(g).any() or (g < 0).any():
-            raise ValueError("potential must be non-negative (g: E -> [0, inf)); found negative or NaN values")
-        logits = torch.log(g)
+        check_finite(values, name)
+        check_nonnegative(values, name, what=" (g: E -> [0, inf))")
+        logits = _log_weights(values)
     else:
-        logits = log_potential(nu.points) if callable(log_potential) else log_potential
-        logits = as_float_tensor(logits, "log_potential", min_ndim=1, like=nu.points)
-        check_finite(logits, "log_potential", allow_neg_inf=True)
-    check_shape_match(logits, "potential", nu.weights, "nu.weights", [(-1, -1)])
-    logits = logits + torch.log(nu.weights)
-    if torch.isneginf(logits).all(dim=-1).any():
-        raise ValueError("nu(g) = 0: the potential vanishes on the whole support of nu")
+        check_finite(values, name, allow_neg_inf=True)
+        logits = values
+    logits = logits + _log_weights(nu.weights)
+    require((logits > float("-inf")).any(dim=-1).all(), "nu(g) = 0: the potential vanishes on the whole support of nu")
     return EmpiricalMeasure._trusted(nu.points, torch.softmax(logits, dim=-1))
 
 
-def _similarity_logits(queries: torch.Tensor, keys: torch.Tensor, similarity: Similarity, scale) -> torch.Tensor:
-    """Log-potential matrix a(q_i, k_j), shape (..., M, N)."""
+def _similarity_logits(queries: torch.Tensor, keys: torch.Tensor, similarity: Similarity, scale, q_name: str,
+                       k_name: str) -> torch.Tensor:
+    """Log-potential matrix a(q_i, k_j), shape (..., M, N), finite (or -inf from a callable)."""
     if callable(similarity):
-        out = as_float_tensor(similarity(queries, keys), "similarity(queries, keys)", min_ndim=2)
+        name = "similarity(queries, keys)"
+        out = as_float_tensor(similarity(queries, keys), name, min_ndim=2)
+        check_same_dtype(out, name, queries, q_name)
+        check_same_device(out, name, queries, q_name)
         if out.shape[-2:] != (queries.shape[-2], keys.shape[-2]):
-            raise ValueError(
-                f"similarity(queries, keys) must have shape (..., {queries.shape[-2]}, {keys.shape[-2]}); got {tuple(out.shape)}"
-            )
+            raise ValueError(f"{name} must have shape (..., {queries.shape[-2]}, {keys.shape[-2]}); got {tuple(out.shape)}")
+        check_finite(out, name, allow_neg_inf=True)
         return out
+    if not isinstance(similarity, str):
+        raise TypeError(f"similarity must be 'dot', 'gaussian' or a callable; got {type(similarity).__name__}")
     if similarity == "dot":
         s = 1.0 / math.sqrt(queries.shape[-1]) if scale is None else check_positive(scale, "scale")
-        return torch.matmul(queries, keys.transpose(-2, -1)) * s
-    if similarity == "gaussian":
+        # no intermediate overflow: a shrinking s scales both factors by sqrt(s) before the product (as
+        # PyTorch's reference SDPA does; s itself may be below the smallest float32), a growing one the product
+        root = math.sqrt(s)
+        logits = (queries * root) @ (keys * root).mT if s < 1.0 else s * (queries @ keys.mT)
+        what = f"scale * <{q_name}, {k_name}>"
+    elif similarity == "gaussian":
         s = 1.0 if scale is None else check_positive(scale, "scale")
-        # -s |q - k|^2 = -s|q|^2 - s|k|^2 + 2s <q, k>; the |q|^2 term is constant along a row of
-        # the kernel and cancels in the normalisation, so it is dropped (exactly, not approximately).
-        k2 = keys.pow(2).sum(-1).unsqueeze(-2)
-        return s * (2.0 * torch.matmul(queries, keys.transpose(-2, -1)) - k2)
-    raise ValueError(f"similarity must be 'dot', 'gaussian' or a callable; got {similarity!r}")
+        # -s|q - k|^2 = s(2<q, k> - |k|^2) - s|q|^2; the last term is constant along a row of the kernel and
+        # cancels in the normalisation, so it is dropped (exactly).  Both sides are first moved by the keys'
+        # mean (which leaves |q - k| unchanged and the kernel exactly the same, so it is detached): far from
+        # the origin |q - k|^2 would otherwise be lost to cancellation against |q|^2 and |k|^2.  sqrt(s)
+        # scales both factors before the product.
+        centre = keys.detach().mean(dim=-2, keepdim=True)
+        root = math.sqrt(s)
+        qc, kc = (queries - centre) * root, (keys - centre) * root
+        logits = 2.0 * (qc @ kc.mT) - kc.pow(2).sum(-1).unsqueeze(-2)
+        what = f"scale * |{q_name} - {k_name}|^2"
+    else:
+        raise ValueError(f"similarity must be 'dot', 'gaussian' or a callable; got {similarity!r}")
+    fix = "smaller" if queries.dtype == torch.float64 else "float64 tensors or smaller"
+    require(
+        torch.isfinite(logits).all(),
+        f"the similarities {what} overflow {queries.dtype} (largest finite value {torch.finfo(queries.dtype).max:.3g}): "
+        f"{q_name}, {k_name} or scale are too large for this dtype; pass {fix} {q_name}, {k_name} or scale",
+    )
+    return logits
+
+
+def _softmatch(queries, mu: EmpiricalMeasure, similarity: Similarity, scale, q_name: str, k_name: str) -> torch.Tensor:
+    """The softmatch matrix, the arguments named as the caller's user wrote them."""
+    queries = as_float_tensor(queries, q_name, min_ndim=2, like=mu.points)
+    check_same_dtype(queries, q_name, mu.points, k_name)
+    check_same_device(queries, q_name, mu.points, k_name)
+    if not callable(similarity):
+        check_shape_match(queries, q_name, mu.points, k_name, [(-1, -1)])
+    broadcast_shapes(**{f"the batch dimensions of {q_name}": queries.shape[:-2],
+                        f"the batch dimensions of {k_name}": mu.batch_shape})
+    check_finite(queries, q_name)
+    logits = _similarity_logits(queries, mu.points, similarity, scale, q_name, k_name)
+    if not mu._uniform:  # uniform weights shift every logit of a row equally: no effect
+        logits = logits + _log_weights(mu.weights).unsqueeze(-2)
+    if callable(similarity) or not mu._uniform:
+        # a named similarity is finite and some weight positive: only a callable can leave a row empty
+        require(
+            (logits > float("-inf")).any(dim=-1).all(),
+            "similarity(queries, keys) is -inf on every key of positive weight for some query: "
+            "Psi_G(mu) needs mu(G(q, .)) > 0",
+        )
+    return torch.softmax(logits, dim=-1)
 
 
 def softmatch_kernel(queries, mu, *, similarity: Similarity = "dot", scale: float | None = None) -> torch.Tensor:
@@ -300,28 +389,34 @@ def softmatch_kernel(queries, mu, *, similarity: Similarity = "dot", scale: floa
     With uniform :math:`w` this is :math:`\operatorname{softmax}_j a(q_i,k_j)` (Sec. 3.1).  The
     left action of the kernel on a query measure :math:`\sum_i u_i\delta_{q_i}` is ``u @ P``.
 
+    The similarities are formed without intermediate overflow (the scale is applied to a factor
+    before the product when it shrinks; the Gaussian one in coordinates centred at the keys'
+    mean, so that translating queries and keys together changes nothing).
+
     Args:
         queries: ``(..., M, d)`` query points :math:`q_i`.
         mu: the key measure (an :class:`EmpiricalMeasure`, or a ``(..., N, d)`` tensor of keys
             taken with uniform weights).  A key of weight zero is masked out.
         similarity: :math:`a`: ``"dot"`` for :math:`a(q,k)=s\langle q,k\rangle` (default
             :math:`s=1/\sqrt d`), ``"gaussian"`` for :math:`a(q,k)=-s\|q-k\|_2^2` (default
-            :math:`s=1`, the potential of Thm. 29), or a callable ``(queries, keys) -> (..., M, N)``.
+            :math:`s=1`, the potential of Thm. 29), or a callable ``(queries, keys) -> (..., M, N)``
+            (``-inf`` allowed: :math:`G=0`).
         scale: :math:`s` for the two named similarities.
 
     Returns:
         The row-stochastic matrix :math:`P`, shape ``(..., M, N)``; row :math:`i` holds the weights
-        of :math:`\Psi_{G(q_i,\bullet)}(\mu)` on the atoms of ``mu``.
+        of :math:`\Psi_{G(q_i,\bullet)}(\mu)` on the atoms of ``mu``.  No query (``M = 0``) gives
+        an empty ``(..., 0, N)`` matrix.
+
+    Raises:
+        ValueError: no key (``N = 0``: a measure needs an atom), NaN or infinite entries, shapes
+            that do not match or broadcast, tensors on different devices, ``scale`` not a finite
+            number > 0, an unknown similarity, similarities beyond the dtype's range (pass float64
+            or smaller inputs), a callable similarity that is NaN, ``+inf`` or ``-inf`` on every key.
+        TypeError: non-float or mixed-dtype tensors, ``scale`` not a real number.
     """
     mu = _as_measure(mu, "mu")
-    queries = as_float_tensor(queries, "queries", min_ndim=2)
-    check_finite(queries, "queries")
-    if not callable(similarity):
-        check_shape_match(queries, "queries", mu.points, "keys", [(-1, -1)])
-    logits = _similarity_logits(queries, mu.points, similarity, scale)
-    if not mu._uniform:  # uniform weights shift every logit of a row equally: no effect
-        logits = logits + torch.log(mu.weights).unsqueeze(-2)
-    return torch.softmax(logits, dim=-1)
+    return _softmatch(queries, mu, similarity, scale, "queries", "mu")
 
 
 def lookup_kernel(mu: EmpiricalMeasure, table) -> EmpiricalMeasure:
@@ -339,16 +434,17 @@ def lookup_kernel(mu: EmpiricalMeasure, table) -> EmpiricalMeasure:
 
     Returns:
         :math:`\mu L`, an :class:`EmpiricalMeasure` with the same weights on the looked-up atoms.
+
+    Raises:
+        ValueError: a table with another number of atoms, NaN or infinite values, batch shapes
+            that do not broadcast, another device.
+        TypeError: a table that is not a floating tensor, or in another dtype than ``mu``.
     """
     mu = _as_measure(mu, "mu")
-    values = table(mu.points) if callable(table) else table
-    values = as_float_tensor(values, "table", min_ndim=2, like=mu.points)
-    check_shape_match(values, "table", mu.points, "mu.points", [(-2, -2)])
-    check_finite(values, "table")
-    try:
-        torch.broadcast_shapes(values.shape[:-2], mu.weights.shape[:-1])
-    except RuntimeError as err:
-        raise ValueError(f"table's batch shape {tuple(values.shape[:-2])} does not broadcast with mu's") from err
+    if callable(table):
+        values = _table(table(mu.points), mu, "table(points)", "mu")
+    else:
+        values = _table(table, mu, "table", "mu")
     return EmpiricalMeasure._trusted(values, mu.weights)
 
 
@@ -371,7 +467,7 @@ def moment_projection(mu: EmpiricalMeasure, feature_map: Callable[[torch.Tensor]
     mu = _as_measure(mu, "mu")
     if feature_map is None:
         return mu.mean()
-    return mu.integrate(feature_map(mu.points))
+    return _weighted_sum(mu.weights, _table(feature_map(mu.points), mu, "feature_map(points)", "mu"))
 
 
 def attention_kernel(
@@ -407,27 +503,37 @@ def attention_kernel(
 
     Returns:
         ``(output, kernel)``: the points :math:`y_i`, shape ``(..., M, d_v)``, and the softmatch
-        matrix :math:`P`, shape ``(..., M, N)``.
+        matrix :math:`P`, shape ``(..., M, N)``; no query (``M = 0``) gives empty results.
+
+    Raises:
+        ValueError: no key (``N = 0``: the key measure needs an atom, and attention over no key
+            has no value), and as :func:`softmatch_kernel` and :func:`lookup_kernel`, the
+            arguments named as given here.
+        TypeError: as :func:`softmatch_kernel` and :func:`lookup_kernel`.
     """
     if isinstance(keys, EmpiricalMeasure):
         if key_weights is not None:
             raise ValueError("give key_weights only with a tensor of keys, not with an EmpiricalMeasure")
         mu = keys
     else:
-        mu = EmpiricalMeasure(keys, key_weights)
-    kernel = softmatch_kernel(queries, mu, similarity=similarity, scale=scale)
+        mu = EmpiricalMeasure._named(keys, key_weights, "keys", "key_weights")
+    return _attention(queries, mu, values, similarity, scale, ("queries", "keys", "values"))
+
+
+def _attention(queries, mu: EmpiricalMeasure, values, similarity: Similarity, scale,
+               names: tuple[str, str, str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention_kernel` on a checked key measure, the arguments named ``names`` in messages."""
+    q_name, k_name, v_name = names
+    kernel = _softmatch(queries, mu, similarity, scale, q_name, k_name)
     # One measure per query, all on the same atoms: points (..., 1, N, d), weights (..., M, N).
     rows = EmpiricalMeasure._trusted(mu.points.unsqueeze(-3), kernel)
     if values is None:
         table = rows.points
     elif callable(values):
-        table = values
+        table = _table(values(rows.points), rows, f"{v_name}(keys)", k_name)
     else:
-        values = as_float_tensor(values, "values", min_ndim=2, like=mu.points)
-        check_shape_match(values, "values", mu.points, "keys", [(-2, -2)])
-        table = values.unsqueeze(-3)
-    pushed = lookup_kernel(rows, table)
-    return moment_projection(pushed), kernel
+        table = _table(values, mu, v_name, k_name).unsqueeze(-3)
+    return moment_projection(EmpiricalMeasure._trusted(table, rows.weights)), kernel
 
 
 def gaussian_potential_attention(queries, keys, values=None, *, key_weights=None, scale: float = 1.0):
@@ -485,30 +591,45 @@ def multihead_attention_kernel(
 
     Returns:
         ``(..., M, d_out)``.
+
+    Raises:
+        ValueError: no head (``H = 0``: the mixture needs one) or no key; shapes that do not
+            match; NaN or infinite entries, or projections or similarities beyond the dtype's
+            range (named ``queries @ w_q`` etc.); tensors on different devices.
+        TypeError: non-float or mixed-dtype tensors.
     """
     queries = as_float_tensor(queries, "queries", min_ndim=2)
-    keys = as_float_tensor(keys, "keys", min_ndim=2)
-    values = as_float_tensor(values, "values", min_ndim=2)
-    ws = {}
-    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o)):
-        w = as_float_tensor(w, name)
-        if w.ndim != 3:
-            raise ValueError(f"{name} must have shape (H, d_in, d_out); got {tuple(w.shape)}")
-        ws[name] = w
+    tensors = {"queries": queries}
+    for name, x, ndim in (("keys", keys, 2), ("values", values, 2), ("w_q", w_q, 3), ("w_k", w_k, 3), ("w_v", w_v, 3),
+                          ("w_o", w_o, 3)):
+        x = as_float_tensor(x, name, min_ndim=ndim, like=queries)
+        check_same_dtype(x, name, queries, "queries")
+        check_same_device(x, name, queries, "queries")
+        if ndim == 3 and x.ndim != 3:
+            raise ValueError(f"{name} must have shape (H, d_in, d_out); got {tuple(x.shape)}")
+        tensors[name] = x
+    keys, values = tensors["keys"], tensors["values"]
+    ws = {name: tensors[name] for name in ("w_q", "w_k", "w_v", "w_o")}
     heads = ws["w_q"].shape[0]
+    if heads == 0:
+        raise ValueError("w_q must hold at least one head (shape (H, d, d_h) with H >= 1): the mixture over heads needs one")
     for name in ("w_k", "w_v", "w_o"):
         check_shape_match(ws["w_q"], "w_q", ws[name], name, [(0, 0)])
     check_shape_match(ws["w_q"], "w_q", ws["w_k"], "w_k", [(2, 2)])
     check_shape_match(queries, "queries", ws["w_q"], "w_q", [(-1, 1)])
     check_shape_match(keys, "keys", ws["w_k"], "w_k", [(-1, 1)])
     check_shape_match(values, "values", ws["w_v"], "w_v", [(-1, 1)])
+    check_shape_match(values, "values", keys, "keys", [(-2, -2)])
     check_shape_match(ws["w_v"], "w_v", ws["w_o"], "w_o", [(2, 1)])
+    for name, x in tensors.items():
+        check_finite(x, name)
     # Per-head projections, heads as a batch dimension: (..., H, M, d_h).
     q = torch.matmul(queries.unsqueeze(-3), ws["w_q"])
     k = torch.matmul(keys.unsqueeze(-3), ws["w_k"])
     v = torch.matmul(values.unsqueeze(-3), ws["w_v"])
-    kw = None if key_weights is None else as_float_tensor(key_weights, "key_weights", min_ndim=1).unsqueeze(-2)
-    y, _ = attention_kernel(q, k, v, key_weights=kw, scale=scale)  # (..., H, M, d_v)
+    kw = None if key_weights is None else as_float_tensor(key_weights, "key_weights", min_ndim=1, like=queries).unsqueeze(-2)
+    mu = EmpiricalMeasure._named(k, kw, "keys @ w_k", "key_weights")
+    y, _ = _attention(q, mu, v, "dot", scale, ("queries @ w_q", "keys @ w_k", "values @ w_v"))  # (..., H, M, d_v)
     # Mixture (1/H) sum_h delta_{H y^h W^O_h}: atoms indexed by h, shape (..., M, H, d_out).
     atoms = heads * torch.matmul(y, ws["w_o"]).movedim(-3, -2)
     uniform = torch.full(atoms.shape[:-1], 1.0 / heads, dtype=atoms.dtype, device=atoms.device)
@@ -555,14 +676,19 @@ def self_attention_flow(
             ``"sphere"`` (project each particle onto the unit :math:`\ell_2` sphere).
 
     Returns:
-        All layers' particles, shape ``(depth + 1, ..., N, d)`` (index 0 is ``x``).
+        All layers' particles, shape ``(depth + 1, ..., N, d)`` (index 0 is ``x``).  No particle
+        (``N = 0``) has nothing to attend to and nothing to move: the result is ``x`` repeated.
+
+    Raises:
+        ValueError: ``depth < 0``, an unknown ``normalize``, ``step_size`` not a finite number > 0,
+            matrices of the wrong shape, NaN or infinite entries (also a layer whose particles
+            overflow, named "the keys of layer h"), tensors on different devices.
+        TypeError: ``depth`` not an int, ``residual`` not a bool, non-float or mixed-dtype tensors.
     """
     x = as_float_tensor(x, "x", min_ndim=2)
-    check_finite(x, "x")
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-        raise ValueError(f"depth must be an int >= 0; got {depth!r}")
-    if normalize not in (None, "layer", "sphere"):
-        raise ValueError(f"normalize must be None, 'layer' or 'sphere'; got {normalize!r}")
+    depth = check_int(depth, "depth", 0)
+    check_choice(normalize, "normalize", (None, "layer", "sphere"))
+    residual = check_bool(residual, "residual")
     step_size = check_positive(step_size, "step_size")
     d = x.shape[-1]
 
@@ -570,6 +696,9 @@ def self_attention_flow(
         if w is None:
             return None
         w = as_float_tensor(w, name, like=x)
+        check_same_dtype(w, name, x, "x")
+        check_same_device(w, name, x, "x")
+        check_finite(w, name)
         if w.ndim == 2:
             w = w.unsqueeze(0).expand(max(depth, 1), *w.shape)
         elif w.ndim != 3 or w.shape[0] != depth:
@@ -582,15 +711,17 @@ def self_attention_flow(
     wq, wk, wv = per_layer(w_q, "w_q", False), per_layer(w_k, "w_k", False), per_layer(w_v, "w_v", True)
     if (wq is None) != (wk is None) and (wq if wq is not None else wk).shape[2] != d:
         raise ValueError("when only one of w_q, w_k is given it must be square (the other is the identity)")
-    mu_w = None
-    if weights is not None:
-        mu_w = EmpiricalMeasure(x, weights).weights
+    if x.shape[-2] == 0:
+        return torch.stack([x] * (depth + 1))
+    mu_w = EmpiricalMeasure._named(x, weights, "x", "weights").weights  # also checks x
     layers = [x]
     for h in range(depth):  # layers are sequential; everything inside a layer is batched
         q = x if wq is None else x @ wq[h]
         k = x if wk is None else x @ wk[h]
         v = x if wv is None else x @ wv[h]
-        out, _ = attention_kernel(q, k, v, key_weights=mu_w, similarity=similarity, scale=scale)
+        names = tuple(f"the {what} of layer {h + 1}" for what in ("queries", "keys", "values"))
+        mu = EmpiricalMeasure._named(k, None if weights is None else mu_w, names[1], "weights")
+        out, _ = _attention(q, mu, v, similarity, scale, names)
         out = step_size * out
         x = x + out if residual else out
         if normalize == "layer":
@@ -640,21 +771,31 @@ def maximum_entropy_tilt(
     Returns:
         ``(mu_star, lam)``: the maximiser :math:`\Psi_G(\nu)` and :math:`\lambda`, shape ``(..., l)``.
 
+    An empty batch, no statistic (``l = 0``: the answer is :math:`\nu`) or ``meta`` tensors (shapes
+    without values) return at once, without iterating.
+
     Raises:
         ValueError: when the moment condition is not met to ``tol`` (for instance a target outside
-            the relative interior of the convex hull of the statistics, where no tilt attains it).
+            the relative interior of the convex hull of the statistics, where no tilt attains it);
+            shapes that do not match or broadcast; NaN or infinite entries; tensors on different
+            devices; ``max_iter < 0``; ``tol`` not a finite number > 0.
+        TypeError: non-float or mixed-dtype tensors, ``max_iter`` not an int.
     """
     nu = _as_measure(nu, "nu")
     k = as_float_tensor(statistics, "statistics", min_ndim=2, like=nu.points)
     f = as_float_tensor(target, "target", min_ndim=1, like=nu.points)
+    for name, x in (("statistics", k), ("target", f)):
+        check_same_dtype(x, name, nu.points, "nu's points")
+        check_same_device(x, name, nu.points, "nu's points")
     check_shape_match(k, "statistics", nu.weights, "nu.weights", [(-2, -1)])
     check_shape_match(k, "statistics", f, "target", [(-1, -1)])
+    batch = broadcast_shapes(**{"the batch dimensions of statistics": k.shape[:-2],
+                                "the batch dimensions of target": f.shape[:-1], "the batch dimensions of nu": nu.batch_shape})
+    max_iter = check_int(max_iter, "max_iter", 0)
+    tol = (1e-10 if k.dtype == torch.float64 else 1e-5) if tol is None else check_positive(tol, "tol")
     check_finite(k, "statistics")
     check_finite(f, "target")
-    if tol is None:
-        tol = 1e-10 if k.dtype == torch.float64 else 1e-5
-    batch = torch.broadcast_shapes(k.shape[:-2], f.shape[:-1], nu.weights.shape[:-1])
-    logw = torch.log(nu.weights)
+    logw = _log_weights(nu.weights)
     lam = torch.zeros(*batch, k.shape[-1], dtype=k.dtype, device=k.device)
     steps = 0.5 ** torch.arange(0, 30, dtype=k.dtype, device=k.device)  # candidate step sizes
     eye = torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
@@ -662,6 +803,8 @@ def maximum_entropy_tilt(
     def dual(lmb):  # (..., l) -> (...)
         return torch.logsumexp(logw + (k @ lmb.unsqueeze(-1)).squeeze(-1), dim=-1) - (lmb * f).sum(-1)
 
+    if k.device.type == "meta" or lam.numel() == 0:  # nothing to iterate on: the result's shapes
+        max_iter = 0
     for _ in range(max_iter):
         p = torch.softmax(logw + (k @ lam.unsqueeze(-1)).squeeze(-1), dim=-1)
         mean = (p.unsqueeze(-1) * k).sum(-2)
@@ -682,6 +825,8 @@ def maximum_entropy_tilt(
         first = torch.where(ok.any(0), ok.int().argmax(0), torch.full_like(ok[0], steps.numel() - 1, dtype=torch.long))
         lam = torch.gather(cand, 0, first.view(1, *first.shape, 1).expand(1, *lam.shape)).squeeze(0)
     p = torch.softmax(logw + (k @ lam.unsqueeze(-1)).squeeze(-1), dim=-1)
+    if k.device.type == "meta" or lam.numel() == 0:
+        return EmpiricalMeasure._trusted(nu.points, p), lam
     resid = ((p.unsqueeze(-1) * k).sum(-2) - f).abs().max().item()
     if not resid <= tol:
         raise ValueError(
@@ -868,18 +1013,22 @@ def wasserstein1(mu, nu, *, method: str = "auto", return_plan: bool = False):
     Returns:
         The distances, shape ``batch``; with ``return_plan`` a tuple ``(distance, plan)``.
 
+    An empty batch gives an empty result; ``meta`` tensors (shapes without values) give the
+    result's shape without solving.
+
     Raises:
-        ValueError: different dimensions, unknown method, ``"1d"`` with ``d > 1``.
+        ValueError: different dimensions, batch shapes that do not broadcast, different devices,
+            unknown method, ``"1d"`` with ``d > 1`` or with ``return_plan``; and as
+            :class:`EmpiricalMeasure` for tensors of points.
+        TypeError: different dtypes, ``method`` not a string, ``return_plan`` not a bool.
     """
     mu, nu = _as_measure(mu, "mu"), _as_measure(nu, "nu")
+    check_same_dtype(nu.points, "nu", mu.points, "mu")
+    check_same_device(nu.points, "nu", mu.points, "mu")
     check_shape_match(mu.points, "mu.points", nu.points, "nu.points", [(-1, -1)])
-    if mu.device != nu.device:
-        raise ValueError(f"mu is on {mu.device} but nu is on {nu.device}")
-    if mu.dtype != nu.dtype:
-        raise TypeError(f"mu and nu must share a dtype; got {mu.dtype} and {nu.dtype}")
-    methods = ("auto", "1d", "emd", "linprog", "ssp")
-    if method not in methods:
-        raise ValueError(f"method must be one of {methods}; got {method!r}")
+    check_choice(method, "method", ("auto", "1d", "emd", "linprog", "ssp"))
+    return_plan = check_bool(return_plan, "return_plan")
+    batch = broadcast_shapes(**{"the batch dimensions of mu": mu.batch_shape, "the batch dimensions of nu": nu.batch_shape})
     if method == "1d" and mu.dim != 1:
         raise ValueError(f"method='1d' needs d == 1; got d = {mu.dim}")
     if method == "1d" or (method == "auto" and mu.dim == 1 and not return_plan):
@@ -888,13 +1037,16 @@ def wasserstein1(mu, nu, *, method: str = "auto", return_plan: bool = False):
         return _wasserstein1_1d(mu, nu)
     if method == "auto":
         method = _default_lp_method()
-    batch = torch.broadcast_shapes(mu.batch_shape, nu.batch_shape)
     n, m, d = mu.n_atoms, nu.n_atoms, mu.dim
     x = mu.points.expand(*batch, n, d).reshape(-1, n, d)
     y = nu.points.expand(*batch, m, d).reshape(-1, m, d)
     a = mu.weights.expand(*batch, n).reshape(-1, n)
     b = nu.weights.expand(*batch, m).reshape(-1, m)
     cost = _l1_cost(x, y)
+    if cost.device.type == "meta" or cost.shape[0] == 0:  # no values, or no pair: nothing to solve
+        plan = torch.zeros_like(cost)
+        value = (plan * cost).sum((-2, -1)).reshape(batch)
+        return (value, plan.reshape(*batch, n, m)) if return_plan else value
     c_np = cost.detach().to("cpu", torch.float64).numpy()
     a_np = a.detach().to("cpu", torch.float64).numpy()
     b_np = b.detach().to("cpu", torch.float64).numpy()
@@ -922,8 +1074,9 @@ def wasserstein1(mu, nu, *, method: str = "auto", return_plan: bool = False):
 # --------------------------------------------------------------------------------------------
 
 
-def _nonneg(value, name):
-    return check_positive(value, name, allow_zero=True)
+# exp(x) is a finite double for x up to log(max): beyond it a potential's sup overflows, its inf underflows
+_LOG_MAX = math.log(sys.float_info.max)
+_TOO_LARGE = " (the inputs are too large: the result overflows a double)"
 
 
 def contraction_bound(
@@ -980,21 +1133,30 @@ def contraction_bound(
 
     Returns:
         The bound :math:`\tau` (a float).
+
+    Raises:
+        ValueError: a constant that is negative, NaN or infinite, ``epsilon`` or ``sup`` not > 0,
+            ``sup < epsilon``, ``dim < 1``, ``sup`` missing for the corrected bound, or a bound
+            that overflows a double.
+        TypeError: a constant that is not a real number, ``dim`` not an int, ``as_printed`` not a bool.
     """
-    lip_first, lip_second = _nonneg(lip_first, "lip_first"), _nonneg(lip_second, "lip_second")
+    lip_first = check_positive(lip_first, "lip_first", allow_zero=True)
+    lip_second = check_positive(lip_second, "lip_second", allow_zero=True)
     epsilon = check_positive(epsilon, "epsilon")
-    diameter = _nonneg(diameter, "diameter")
-    dim = _check_dim_int(dim)
-    lookup_lip = _nonneg(lookup_lip, "lookup_lip")
+    diameter = check_positive(diameter, "diameter", allow_zero=True)
+    dim = check_int(dim, "dim", 1)
+    lookup_lip = check_positive(lookup_lip, "lookup_lip", allow_zero=True)
     tau_pi = float(dim) if projection_constant is None else check_positive(projection_constant, "projection_constant")
-    if as_printed:
-        return tau_pi * 2.0 * (lip_first + lip_second) * diameter / epsilon * lookup_lip
+    if check_bool(as_printed, "as_printed"):
+        bound = tau_pi * 2.0 * (lip_first + lip_second) * diameter / epsilon * lookup_lip
+        return check_number(bound, "contraction_bound's printed constant", hint=_TOO_LARGE)
     if sup is None:
         raise ValueError("sup (the supremum ||G||_inf of the potential on E x E) is required for the corrected bound")
     sup = check_positive(sup, "sup")
     if sup < epsilon:
         raise ValueError(f"sup={sup} must be >= epsilon={epsilon} (sup G >= inf G)")
-    return tau_pi * lookup_lip * (2.0 * lip_first * diameter + sup + 2.0 * lip_second * diameter) / epsilon
+    bound = tau_pi * lookup_lip * (2.0 * lip_first * diameter + sup + 2.0 * lip_second * diameter) / epsilon
+    return check_number(bound, "contraction_bound's constant", hint=_TOO_LARGE)
 
 
 def lipschitz_bound(
@@ -1027,12 +1189,13 @@ def lipschitz_bound(
     Returns:
         The constant (a float).
     """
-    lip_first = _nonneg(lip_first, "lip_first")
+    lip_first = check_positive(lip_first, "lip_first", allow_zero=True)
     epsilon = check_positive(epsilon, "epsilon")
-    diameter = _nonneg(diameter, "diameter")
-    dim = _check_dim_int(dim)
-    lookup_lip = _nonneg(lookup_lip, "lookup_lip")
-    return dim**1.5 * lookup_lip * 2.0 * lip_first * diameter / epsilon
+    diameter = check_positive(diameter, "diameter", allow_zero=True)
+    dim = check_int(dim, "dim", 1)
+    lookup_lip = check_positive(lookup_lip, "lookup_lip", allow_zero=True)
+    bound = dim**1.5 * lookup_lip * 2.0 * lip_first * diameter / epsilon
+    return check_number(bound, "lipschitz_bound's constant", hint=_TOO_LARGE)
 
 
 def neighbourhood_bound(
@@ -1067,17 +1230,19 @@ def neighbourhood_bound(
         lip_second: :math:`\|G(x_t,\bullet)\|_{\mathrm{Lip}}` (or its sup :math:`\|G\|_{\infty,\mathrm{Lip}}`).
         epsilon, diameter, dim, sup, lookup_lip, as_printed: as in :func:`contraction_bound`.
     """
-    lip_second = _nonneg(lip_second, "lip_second")
+    lip_second = check_positive(lip_second, "lip_second", allow_zero=True)
     epsilon = check_positive(epsilon, "epsilon")
-    diameter = _nonneg(diameter, "diameter")
-    dim = _check_dim_int(dim)
-    lookup_lip = _nonneg(lookup_lip, "lookup_lip")
-    if as_printed:
-        return dim * lookup_lip * 2.0 * lip_second * diameter / epsilon
+    diameter = check_positive(diameter, "diameter", allow_zero=True)
+    dim = check_int(dim, "dim", 1)
+    lookup_lip = check_positive(lookup_lip, "lookup_lip", allow_zero=True)
+    if check_bool(as_printed, "as_printed"):
+        bound = dim * lookup_lip * 2.0 * lip_second * diameter / epsilon
+        return check_number(bound, "neighbourhood_bound's printed constant", hint=_TOO_LARGE)
     if sup is None:
         raise ValueError("sup (the supremum ||G||_inf of the potential) is required for the corrected bound")
     sup = check_positive(sup, "sup")
-    return dim * lookup_lip * (sup + 2.0 * lip_second * diameter) / epsilon
+    bound = dim * lookup_lip * (sup + 2.0 * lip_second * diameter) / epsilon
+    return check_number(bound, "neighbourhood_bound's constant", hint=_TOO_LARGE)
 
 
 def gaussian_potential_bound(
@@ -1119,22 +1284,16 @@ def gaussian_potential_bound(
     Returns:
         The bound (a float).
     """
-    dim = _check_dim_int(dim)
-    n = _check_dim_int(n, "n")
-    m = n if m is None else _check_dim_int(m, "m")
-    lookup_lip = _nonneg(lookup_lip, "lookup_lip")
-    potential_lip = _nonneg(potential_lip, "potential_lip")
-    potential_sup = _nonneg(potential_sup, "potential_sup")
+    dim = check_int(dim, "dim", 1)
+    n = check_int(n, "n", 1)
+    m = n if m is None else check_int(m, "m", 1)
+    lookup_lip = check_positive(lookup_lip, "lookup_lip", allow_zero=True)
+    potential_lip = check_positive(potential_lip, "potential_lip", allow_zero=True)
+    potential_sup = check_positive(potential_sup, "potential_sup", allow_zero=True)
     tau_pi = float(dim) if projection_constant is None else check_positive(projection_constant, "projection_constant")
     root_d = math.sqrt(dim)
     bracket = root_d * math.sqrt(math.log(min(n, m)) + 1.0 / (2.0 * math.e)) * potential_lip + potential_sup + root_d + 2.0
-    return 2.0 * tau_pi * lookup_lip * bracket
-
-
-def _check_dim_int(value, name: str = "dim") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1; got {value!r}")
-    return value
+    return check_number(2.0 * tau_pi * lookup_lip * bracket, "gaussian_potential_bound's constant", hint=_TOO_LARGE)
 
 
 def dot_product_potential_constants(*, radius: float, dim: int, scale: float | None = None) -> dict:
@@ -1155,12 +1314,15 @@ def dot_product_potential_constants(*, radius: float, dim: int, scale: float | N
         :func:`contraction_bound` (``**``) and, without ``lip_second``, :func:`lipschitz_bound`.
     """
     r = check_positive(radius, "radius")
-    dim = _check_dim_int(dim)
+    dim = check_int(dim, "dim", 1)
     s = 1.0 / math.sqrt(dim) if scale is None else check_positive(scale, "scale")
-    lip = s * r * math.exp(s * r * r * dim)
-    return dict(
-        lip_first=lip, lip_second=lip, epsilon=math.exp(-s * r * r * dim), sup=math.exp(s * r * r * dim), diameter=2.0 * r * dim
-    )
+    exponent = check_number(s * r * r * dim, "scale * radius**2 * dim", high=_LOG_MAX,
+                            hint=" (sup G = exp of it overflows a double: pass a smaller radius, dim or scale)")
+    lip = s * r * math.exp(exponent)
+    out = dict(lip_first=lip, lip_second=lip, epsilon=math.exp(-exponent), sup=math.exp(exponent), diameter=2.0 * r * dim)
+    for key, value in out.items():
+        check_number(value, key, hint=_TOO_LARGE)
+    return out
 
 
 def gaussian_potential_constants(*, radius: float, dim: int, scale: float = 1.0) -> dict:
@@ -1173,10 +1335,15 @@ def gaussian_potential_constants(*, radius: float, dim: int, scale: float = 1.0)
     :func:`dot_product_potential_constants`.
     """
     r = check_positive(radius, "radius")
-    dim = _check_dim_int(dim)
+    dim = check_int(dim, "dim", 1)
     s = check_positive(scale, "scale")
+    exponent = check_number(4.0 * s * r * r * dim, "4 * scale * radius**2 * dim", high=_LOG_MAX,
+                            hint=" (epsilon = exp of minus it underflows a double: pass a smaller radius, dim or scale)")
     lip = math.sqrt(2.0 * s / math.e)
-    return dict(lip_first=lip, lip_second=lip, epsilon=math.exp(-4.0 * s * r * r * dim), sup=1.0, diameter=2.0 * r * dim)
+    out = dict(lip_first=lip, lip_second=lip, epsilon=math.exp(-exponent), sup=1.0, diameter=2.0 * r * dim)
+    for key, value in out.items():
+        check_number(value, key, hint=_TOO_LARGE)
+    return out
 
 
 def lipschitz_ratio(fn: Callable[[torch.Tensor], torch.Tensor], q1, q2, *, p: float = 2.0) -> torch.Tensor:
@@ -1193,13 +1360,32 @@ def lipschitz_ratio(fn: Callable[[torch.Tensor], torch.Tensor], q1, q2, *, p: fl
 
     Returns:
         ``(..., P)`` ratios; a pair with :math:`q_1=q_2` gets 0.
+
+    Raises:
+        ValueError: ``q1`` and ``q2`` of different shapes or devices, NaN or infinite entries (also
+            in ``fn``'s outputs), outputs whose leading shape does not broadcast with the pairs', ``p``
+            not a finite number > 0.
+        TypeError: ``fn`` not callable, non-float or mixed-dtype tensors.
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable mapping queries to outputs; got {type(fn).__name__}")
     q1 = as_float_tensor(q1, "q1", min_ndim=1)
-    q2 = as_float_tensor(q2, "q2", min_ndim=1)
+    q2 = as_float_tensor(q2, "q2", min_ndim=1, like=q1)
+    check_same_dtype(q2, "q2", q1, "q1")
+    check_same_device(q2, "q2", q1, "q1")
     if q1.shape != q2.shape:
         raise ValueError(f"q1 and q2 must have the same shape; got {tuple(q1.shape)} and {tuple(q2.shape)}")
     p = check_positive(p, "p")
-    num = torch.linalg.vector_norm(fn(q1) - fn(q2), ord=p, dim=-1)
+    check_finite(q1, "q1")
+    check_finite(q2, "q2")
+    outputs = []
+    for name, q in (("fn(q1)", q1), ("fn(q2)", q2)):
+        out = as_float_tensor(fn(q), name, min_ndim=1)
+        broadcast_shapes(**{f"the leading dimensions of {name}": out.shape[:-1], "the pairs": q.shape[:-1]})
+        check_finite(out, name)
+        outputs.append(out)
+    check_same_dtype(outputs[1], "fn(q2)", outputs[0], "fn(q1)")
+    num = torch.linalg.vector_norm(outputs[0] - outputs[1], ord=p, dim=-1)
     den = torch.linalg.vector_norm(q1 - q2, ord=p, dim=-1)
     return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
 
@@ -1230,11 +1416,17 @@ def contraction_ratio(
         method: passed to :func:`wasserstein1`.
 
     Returns:
-        The ratios, shape ``batch`` (``nan`` where :math:`\mu=\nu`).
+        The ratios, shape ``batch`` (``nan`` where :math:`\mu=\nu`: the ratio 0/0 is undefined there).
+
+    Raises:
+        ValueError, TypeError: as :class:`EmpiricalMeasure`, :func:`attention_kernel` and
+            :func:`wasserstein1`, with ``x``, ``y`` and their weights named as given.
     """
-    mu, nu = EmpiricalMeasure(x, x_weights), EmpiricalMeasure(y, y_weights)
-    ax, _ = attention_kernel(mu.points, mu, values, similarity=similarity, scale=scale)
-    ay, _ = attention_kernel(nu.points, nu, values, similarity=similarity, scale=scale)
+    mu, nu = EmpiricalMeasure._named(x, x_weights, "x", "x_weights"), EmpiricalMeasure._named(y, y_weights, "y", "y_weights")
+    check_same_dtype(nu.points, "y", mu.points, "x")
+    check_same_device(nu.points, "y", mu.points, "x")
+    ax, _ = _attention(mu.points, mu, values, similarity, scale, ("x", "x", "values"))
+    ay, _ = _attention(nu.points, nu, values, similarity, scale, ("y", "y", "values"))
     num = wasserstein1(EmpiricalMeasure(ax, mu.weights), EmpiricalMeasure(ay, nu.weights), method=method)
     den = wasserstein1(mu, nu, method=method)
     return num / den

@@ -483,6 +483,59 @@ def test_lipschitz_ratio_of_linear_map_is_its_gain():
 
 
 # ------------------------------------------------------------------------------------------
+# Numerics at the edges of the dtype's range
+# ------------------------------------------------------------------------------------------
+
+
+def test_gaussian_similarity_is_exact_far_from_the_origin():
+    """|q - k|^2 is recovered in coordinates centred at the keys: at an offset of 1e7 in float64 the
+    kernel matches the direct distances (the expanded 2<q, k> - |k|^2 alone would lose ~1e-2 per logit)."""
+    g = _gen(40)
+    q, k = torch.randn(4, 3, generator=g, dtype=F64), torch.randn(6, 3, generator=g, dtype=F64)
+    ref = torch.softmax(-0.8 * torch.cdist(q, k) ** 2, -1)
+    offset = torch.tensor([1e7, -3e7, 2e7], dtype=F64)
+    ker = softmatch_kernel(q + offset, k + offset, similarity="gaussian", scale=0.8)
+    torch.testing.assert_close(ker, ref, atol=1e-8, rtol=0)
+
+
+def test_dot_similarity_is_scaled_before_the_product():
+    """float32 queries and keys ~ 1e30 with s = 1e-60 (0 in float32): sqrt(s) scales both factors."""
+    g = _gen(41)
+    q, k = torch.randn(3, 8, generator=g, dtype=F64), torch.randn(5, 8, generator=g, dtype=F64)
+    ker = softmatch_kernel((q * 1e30).float(), (k * 1e30).float(), scale=0.5e-60)
+    assert ker.dtype == torch.float32
+    torch.testing.assert_close(ker.double(), torch.softmax(0.5 * q @ k.T, -1), atol=1e-5, rtol=0)
+
+
+def test_zero_weights_mask_keys_with_finite_gradients():
+    """A key of weight zero (and a zero potential) is masked: the result and its gradient equal those
+    of the measure without that key, and the gradient with respect to the zero weight is finite."""
+    g = _gen(42)
+    q, k, v = (torch.randn(*shape, generator=g, dtype=F64) for shape in ((3, 2), (5, 2), (5, 2)))
+    w = torch.tensor([0.2, 0.0, 0.3, 0.5, 0.0], dtype=F64, requires_grad=True)
+    keep = torch.tensor([0, 2, 3])
+    out, ker = attention_kernel(q, k, v, key_weights=w)
+    ref, _ = attention_kernel(q, k[keep], v[keep], key_weights=w.detach()[keep])
+    torch.testing.assert_close(out, ref)
+    assert (ker[:, [1, 4]] == 0).all()
+    (grad,) = torch.autograd.grad(out.sum(), w)
+    assert torch.isfinite(grad).all()
+    pot = torch.tensor([1.0, 0.0, 2.0, 0.5, 0.0], dtype=F64, requires_grad=True)
+    tilted = boltzmann_gibbs(EmpiricalMeasure(k), pot)
+    torch.testing.assert_close(tilted.weights.detach(), pot.detach() / pot.detach().sum())
+    (grad,) = torch.autograd.grad((tilted.weights * torch.arange(5)).sum(), pot)
+    assert torch.isfinite(grad).all()
+
+
+def test_potential_constants_refuse_an_overflowing_exponent():
+    dot_product_potential_constants(radius=10.0, dim=4, scale=1.0)  # s r^2 d = 400: exp(400) is a double
+    with pytest.raises(ValueError, match="radius"):
+        dot_product_potential_constants(radius=20.0, dim=4, scale=1.0)  # exp(1600) is not
+    with pytest.raises(ValueError, match="radius"):
+        gaussian_potential_constants(radius=10.0, dim=4, scale=1.0)  # exp(-1600) underflows to 0
+
+
+# ------------------------------------------------------------------------------------------
 # Errors
 # ------------------------------------------------------------------------------------------
 
