@@ -25,6 +25,7 @@ import math
 import torch
 
 from ._validation import (
+    all_finite,
     as_float_tensor,
     broadcast_shapes,
     check_bool,
@@ -111,7 +112,7 @@ def advantage_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, 
     # |p_j (v_j - E_p[v])| <= 2 p_j (1 - p_j) <= 1/2: the product with c cannot overflow, only the division
     out = (p * (v - baseline) * c) / tau
     fix = "" if out.dtype == torch.float64 else "; pass float64 tensors"
-    require(torch.isfinite(out).all(), f"the advantage gradient overflows {out.dtype} (tau too small for reward){fix}")
+    require(all_finite(out), f"the advantage gradient overflows {out.dtype} (tau too small for reward){fix}")
     return out
 
 
@@ -145,7 +146,7 @@ def natural_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, di
     # |v - E_p[v]| <= 2: the factor that shrinks comes first, so no product overflows unless the result does
     out = (v - baseline) * c * tau if tau >= 1.0 else (v - baseline) * tau * c
     fix = "" if out.dtype == torch.float64 else "; pass float64 tensors"
-    require(torch.isfinite(out).all(), f"the natural gradient overflows {out.dtype} (tau too large for reward){fix}")
+    require(all_finite(out), f"the natural gradient overflows {out.dtype} (tau too large for reward){fix}")
     return out
 
 
@@ -211,14 +212,16 @@ def log_sum_exp_potential(scores: torch.Tensor, tau: float = 1.0, dim: int = -1)
     if work.shape[d] == 0:  # the log of an empty sum
         return (work.sum(dim=d) - math.inf).to(x.dtype)
     top = work.detach().amax(dim=d, keepdim=True)
-    empty = top == -math.inf  # rows of all -inf: no shift, and a zero gradient rather than 0 * inf
+    empty = top == -math.inf  # rows of all -inf
     top = torch.where(empty, torch.zeros_like(top), top)
     # a tau that rounds to 0 in the working dtype would make 0 / 0 at the maximum: divide by its smallest
     # normal number instead, which gives the tau -> 0 limit (the maximum) to within its resolution
     div = max(tau, torch.finfo(work.dtype).tiny)
-    shifted = torch.where(empty, torch.zeros_like(work), (work - top) / div)
-    value = top.squeeze(d) + div * torch.logsumexp(shifted, dim=d)
-    value = torch.where(empty.squeeze(d), torch.full_like(value, -math.inf), value).to(x.dtype)
+    # sum_j e^{(s_j - m)/tau} is >= 1 (the maximum contributes 1), or 0 for an empty row, whose log is then
+    # taken of 1 instead: -inf is put in by where, and no 0 * inf reaches the gradient
+    total = torch.exp((work - top) / div).sum(dim=d, keepdim=True)
+    log_total = torch.log(torch.where(empty, torch.ones_like(total), total))
+    value = torch.where(empty, -math.inf, top + div * log_total).squeeze(d).to(x.dtype)
     require((value < math.inf).all(), f"log_sum_exp_potential overflows {x.dtype}: scores too close to its largest value")
     return value
 
@@ -287,5 +290,5 @@ def reinforce_estimate(
     est = est * flat_c / tau if tau <= 1.0 else est / tau * flat_c  # no product overflows unless the result does
     est = est.reshape(n_samples, *shape)
     fix = "" if est.dtype == torch.float64 else "; pass float64 tensors"
-    require(torch.isfinite(est).all(), f"the REINFORCE estimate overflows {est.dtype} (tau too small for reward){fix}")
+    require(all_finite(est), f"the REINFORCE estimate overflows {est.dtype} (tau too small for reward){fix}")
     return est.mean(dim=0) if reduce else est

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ._validation import (
+    all_finite,
     as_float_tensor,
     broadcast_shapes,
     check_bool,
@@ -345,7 +346,7 @@ def _similarity_logits(queries: torch.Tensor, keys: torch.Tensor, similarity: Si
         raise ValueError(f"similarity must be 'dot', 'gaussian' or a callable; got {similarity!r}")
     fix = "smaller" if queries.dtype == torch.float64 else "float64 tensors or smaller"
     require(
-        torch.isfinite(logits).all(),
+        all_finite(logits),
         f"the similarities {what} overflow {queries.dtype} (largest finite value {torch.finfo(queries.dtype).max:.3g}): "
         f"{q_name}, {k_name} or scale are too large for this dtype; pass {fix} {q_name}, {k_name} or scale",
     )
