@@ -159,16 +159,23 @@ def _power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
     return scale.clamp_min(torch.finfo(x.dtype).tiny)
 
 
-def _resolution_floor(covs: torch.Tensor) -> torch.Tensor:
-    """``(..., K)`` the smallest diagonal term that keeps the ``(..., K, D, D)`` covariances positive
-    definite in floating point, in coordinates of magnitude below 2 (see :func:`weighted_em`).
+class _Floor(NamedTuple):
+    """The covariance floor of :func:`weighted_em`, in its rescaled coordinates."""
 
-    A Gram matrix of collinear or coincident points is singular, and rounding makes its smallest
-    eigenvalue about ``eps`` times its trace, of either sign; the means are rounded to about ``eps``.
-    ``10 eps (tr Sigma + eps)`` dominates both."""
-    eps = torch.finfo(covs.dtype).eps
+    given: torch.Tensor  # (..., 1): cov_floor / s^2
+    roundoff: float  # the unit roundoff u of the user's dtype (half precision is computed in float32)
+
+
+def _resolution_floor(covs: torch.Tensor, roundoff: float) -> torch.Tensor:
+    """``(..., K)`` the smallest diagonal term that keeps the ``(..., K, D, D)`` covariances positive
+    definite in a dtype of unit roundoff ``u``, in coordinates of magnitude below 2 (see
+    :func:`weighted_em`).
+
+    A Gram matrix of collinear or coincident points is singular, and rounding (or rounding the
+    result to the user's dtype) makes its smallest eigenvalue about ``u`` times its trace, of either
+    sign; the means are rounded to about ``u``.  ``10 u (tr Sigma + u)`` dominates both."""
     trace = torch.diagonal(covs, dim1=-2, dim2=-1).sum(-1)
-    return _RESOLUTION_ULPS * eps * (trace + eps)
+    return _RESOLUTION_ULPS * roundoff * (trace + roundoff)
 
 
 def _one_hot(index: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -176,8 +183,8 @@ def _one_hot(index: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
     return (index.unsqueeze(-1) == torch.arange(k, device=index.device)).to(dtype)
 
 
-def _m_step(points, weights, resp, cov_floor):
-    """Weighted M-step (5.12)--(5.15); ``resp`` is ``(..., N, K)``, ``cov_floor`` ``(..., 1)``.
+def _m_step(points, weights, resp, floor):
+    """Weighted M-step (5.12)--(5.15); ``resp`` is ``(..., N, K)``, ``floor`` a :class:`_Floor`.
 
     Returns means, covs, mixing, N_k; the covariances get ``max(cov_floor, resolution floor)`` on
     their diagonal."""
@@ -190,9 +197,9 @@ def _m_step(points, weights, resp, cov_floor):
     means = torch.einsum("...nk,...nd->...kd", rw, points) / nk.unsqueeze(-1)
     diff = points.unsqueeze(-3) - means.unsqueeze(-2)  # (..., K, N, D)
     covs = _sym((diff * rw.transpose(-1, -2).unsqueeze(-1)).transpose(-1, -2) @ diff / nk[..., None, None])
-    floor = torch.maximum(cov_floor, _resolution_floor(covs))  # (..., K)
+    diagonal = torch.maximum(floor.given, _resolution_floor(covs, floor.roundoff))  # (..., K)
     eye = torch.eye(d, dtype=points.dtype, device=points.device)
-    covs = covs + floor[..., None, None] * eye
+    covs = covs + diagonal[..., None, None] * eye
     mixing = nk / nk.sum(-1, keepdim=True)
     return means, covs, mixing, nk - tiny
 
@@ -222,14 +229,16 @@ def _gumbel(shape, like, generator):
 def _seed_kmeanspp(points, log_weights, k, generator):
     """Weighted k-means++ seeding: first center with probability :math:`\\propto w_l`, then
     :math:`\\propto w_l\\,\\min_j\\|t_l-c_j\\|^2`.  Sequential over the ``k`` seeds (an
-    initialization, not a hot path); batched over examples by the Gumbel-max trick."""
-    idx = (log_weights + _gumbel(log_weights.shape, log_weights, generator)).argmax(-1)  # (...)
+    initialization, not a hot path); batched over examples by the Gumbel-max trick, with all the
+    noise drawn at once, example by example."""
+    noise = _gumbel((*log_weights.shape[:-1], k, log_weights.shape[-1]), log_weights, generator)  # (..., k, N)
+    idx = (log_weights + noise[..., 0, :]).argmax(-1)  # (...)
     gather = lambda i: torch.gather(points, -2, i[..., None, None].expand(*i.shape, 1, points.shape[-1])).squeeze(-2)
     centers = [gather(idx)]
     d2 = ((points - centers[0].unsqueeze(-2)) ** 2).sum(-1)
-    for _ in range(1, k):
+    for j in range(1, k):
         logits = log_weights + torch.log(d2)
-        idx = (logits + _gumbel(log_weights.shape, log_weights, generator)).argmax(-1)
+        idx = (logits + noise[..., j, :]).argmax(-1)
         centers.append(gather(idx))
         d2 = torch.minimum(d2, ((points - centers[-1].unsqueeze(-2)) ** 2).sum(-1))
     return torch.stack(centers, dim=-2)
@@ -294,13 +303,13 @@ def _region_labels(points, k):
     return _one_hot(lab, k, points.dtype)
 
 
-def _init_from_resp(points, weights, resp, cov_floor):
+def _init_from_resp(points, weights, resp, floor):
     """Moment-match each group of a hard assignment (the thesis's region initialization): means,
     covariances and mixing (mass of each group).  Groups that are empty or whose covariance is
     singular get the global moments."""
-    m, c, _, nk = _m_step(points, weights, resp, cov_floor)
+    m, c, _, nk = _m_step(points, weights, resp, floor)
     ones = torch.ones_like(resp[..., :1])
-    gm, gc, _, _ = _m_step(points, weights, ones, cov_floor)  # (..., 1, D), (..., 1, D, D)
+    gm, gc, _, _ = _m_step(points, weights, ones, floor)  # (..., 1, D), (..., 1, D, D)
     empty = nk <= 0
     m = torch.where(empty.unsqueeze(-1), gm, m)
     _, info = torch.linalg.cholesky_ex(c)
@@ -310,7 +319,7 @@ def _init_from_resp(points, weights, resp, cov_floor):
     return m, c, pi
 
 
-def _init_from_means(points, weights, means, cov_floor, n_lloyd=10):
+def _init_from_means(points, weights, means, floor, n_lloyd=10):
     """From seed means: a few weighted Lloyd (k-means) steps, then moment matching within each
     cluster (as scikit-learn initializes from k-means) with *uniform* mixing weights.
 
@@ -327,7 +336,7 @@ def _init_from_means(points, weights, means, cov_floor, n_lloyd=10):
         means = torch.where((mass > 0).unsqueeze(-1), new, means)
     d2 = ((points.unsqueeze(-2) - means.unsqueeze(-3)) ** 2).sum(-1)
     resp = _one_hot(d2.argmin(-1), k, points.dtype)
-    m, c, _ = _init_from_resp(points, weights, resp, cov_floor)
+    m, c, _ = _init_from_resp(points, weights, resp, floor)
     mixing = torch.full(m.shape[:-1], 1.0 / k, dtype=points.dtype, device=points.device)
     return m, c, mixing
 
@@ -458,17 +467,17 @@ def _check_init(init, k, points, generator):
     return tuple(out)
 
 
-def _initialize(points, weights, log_weights, k, init, cov_floor, generator, scale):
+def _initialize(points, weights, log_weights, k, init, floor, generator, scale):
     """Initial ``(means, covariances, mixing)`` in the rescaled coordinates ``points`` (``scale``
     ``(...)`` is the factor removed from the user's ones)."""
     if isinstance(init, str):
         if init == "regions":
-            return _init_from_resp(points, weights, _region_labels(points, k), cov_floor)
+            return _init_from_resp(points, weights, _region_labels(points, k), floor)
         seed = _seed_kmeanspp if init == "kmeans++" else _seed_random
-        return _init_from_means(points, weights, seed(points, log_weights, k, generator), cov_floor)
+        return _init_from_means(points, weights, seed(points, log_weights, k, generator), floor)
     means, covs, mixing = (None if t is None else t.to(points.dtype) for t in init)
     means = means / scale[..., None, None]
-    _, c0, pi0 = _init_from_means(points, weights, means, cov_floor, n_lloyd=0)
+    _, c0, pi0 = _init_from_means(points, weights, means, floor, n_lloyd=0)
     if covs is not None:
         c0 = covs / scale[..., None, None, None] / scale[..., None, None, None]
     if mixing is not None:
@@ -522,13 +531,15 @@ def weighted_em(
     with :math:`u` the unit roundoff of the dtype (``torch.finfo(dtype).eps``), :math:`\hat\Sigma_k`
     the weighted covariance of the component and :math:`s` the power of two with
     :math:`s\le\max(\max_l\|t_l\|_\infty,\sqrt{\texttt{cov\_floor}},\tau^{1/4})<2s`
-    (:math:`\tau` the smallest normal number of the dtype).  It is about
-    :math:`10^{-15}` of the covariance in float64 and :math:`10^{-6}` in float32, so it changes
-    nothing unless ``cov_floor`` is smaller; with ``cov_floor = 0`` a degenerate point set gets a
-    finite fit whose covariance is singular up to :math:`\varepsilon_k` (never NaN).  The
-    computation runs in coordinates divided by :math:`s` and weights divided by a power of two
-    (both exact), so any finite points and weights give finite results; half-precision inputs are
-    computed in float32 and returned in their dtype.
+    (:math:`\tau` the smallest normal number of the dtype).  It is about :math:`10^{-15}` of the
+    trace in float64, :math:`10^{-6}` in float32 (:math:`10^{-2}` in float16, :math:`10^{-1}` in
+    bfloat16) and replaces ``cov_floor`` only where ``cov_floor`` is smaller; with ``cov_floor = 0``
+    a degenerate point set gets a finite fit whose covariance is singular up to
+    :math:`\varepsilon_k` (never NaN).  The computation runs in coordinates divided by :math:`s`
+    and weights divided by a power of two (both exact), so any finite points (in the range below)
+    and weights give finite results; half-precision inputs are computed in float32, with the
+    floor of their own dtype so that the rounded covariances stay positive definite, and returned
+    in their dtype.
 
     Batched over examples and components (no Python loop over them).  With ``tol=None`` it runs
     exactly ``n_iter`` iterations with no host read (no synchronization on a GPU).  With ``tol``
@@ -564,7 +575,9 @@ def weighted_em(
         cov_floor: :math:`\ge0` added to the diagonal of every covariance (see the resolution
             floor above).
         generator: ``torch.Generator`` (on the device of ``points``) for the random
-            initializations.
+            initializations.  The noise of each example is drawn in one block, in the order of
+            the examples, so that (on the CPU) the first examples of a batch get the same
+            initialization as a call on those examples alone with the same generator state.
 
     Returns:
         :class:`WeightedEMResult` ``(means, covariances, mixing, log_likelihood, history, n_iter)``
@@ -610,9 +623,10 @@ def weighted_em(
     points = points / scale[..., None, None]
     weights = weights / weight_scale[..., None]
     if cov_floor < torch.finfo(work).tiny:
-        floor = torch.zeros_like(scale).unsqueeze(-1)
+        given = torch.zeros_like(scale).unsqueeze(-1)
     else:  # <= 4 by the choice of scale (the clamp only guards the rounding)
-        floor = (cov_floor * scale.reciprocal().square()).clamp_max(4.0).unsqueeze(-1)
+        given = (cov_floor * scale.reciprocal().square()).clamp_max(4.0).unsqueeze(-1)
+    floor = _Floor(given, torch.finfo(dtype).eps)
     means, covs, mixing = _initialize(points, weights, log_weights, k, init, floor, generator, scale)
     resp, ll = _e_step(points, weights, means, covs, mixing)
     history = []
@@ -684,10 +698,17 @@ def select_components(
     distribution, independent of the number of locations.  Adding a component is therefore worth
     it only if it raises that average log-density by more than :math:`\lambda/2` nats.  The default
     ``penalty=0.1`` (0.05 nats) separates one blob from two well-separated blobs on a 14x14 grid of
-    the unit square; tune it by validation as the thesis does.  A penalty :math:`c\,p_K` proportional
+    the unit square (with the floor below); tune it by validation as the thesis does.  A penalty :math:`c\,p_K` proportional
     to the number of free parameters :math:`p_K=K(D+D(D+1)/2+1)-1` is the same rule with
     :math:`\lambda=c\,(D+D(D+1)/2+1)`.  (The thesis's values, e.g. :math:`\lambda=500`, refer to a
     log-likelihood on a different, unnormalized scale and do not transfer to this one.)
+
+    Locations on a grid.  A component can collapse onto a row or a column of a grid: its variance
+    across that line falls to ``cov_floor`` and its density on the line, hence :math:`\ell_w`,
+    grows without bound as ``cov_floor`` shrinks, so that with a floor far below the grid spacing
+    :math:`h` a random initialization that finds such a collapse wins over any ``penalty``.  A floor
+    of the variance of a grid cell, :math:`h^2/12`, removes these solutions (with it, the default
+    ``penalty`` separates one blob from two on a 14x14 grid for every seed we tried).
 
     Args:
         points: ``(N, D)`` or ``(..., N, D)`` locations.
@@ -708,7 +729,10 @@ def select_components(
 
     Components beyond the number of distinct points of positive weight only duplicate others,
     so they raise :math:`\ell_w` by (almost) nothing and any positive ``penalty`` rejects them.
-    Host reads: none beyond those of :func:`weighted_em` (one per iteration only with ``tol``).
+    The initializations of an example are drawn after those of the examples before it, so (on
+    the CPU, with the same generator state) a call on the first examples of a batch chooses as the
+    call on the whole batch does.  Host reads: none beyond those of :func:`weighted_em` (one per
+    iteration only with ``tol``).
 
     Raises:
         ValueError: as :func:`weighted_em`; ``min_components > max_components``,
@@ -732,14 +756,29 @@ def select_components(
     weights = weights / _power_of_two_scale(weights.amax(-1, keepdim=True))
     weights = weights / weights.sum(-1, keepdim=True)
     n, d = points.shape[-2:]
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
+        if generator.device.type != points.device.type:
+            raise ValueError(f"generator is on {generator.device} but points are on {points.device}; pass a generator on {points.device}")
+    # a fresh stream per K, seeded from generator (a fixed number of draws from it): an example's
+    # initializations then depend on the examples before it only, whatever the size of the batch
+    stream_device = generator.device if generator is not None else torch.device("cpu")
+    streams = torch.randint(0, 2**62, (k_max - k_min + 1,), generator=generator, device=stream_device).tolist()
     means_all, covs_all, mix_all, ll_all = [], [], [], []
     for k in range(k_min, k_max + 1):  # candidate models have different shapes: a handful of K
+        stream = torch.Generator(device=points.device).manual_seed(streams[k - k_min])
         reps = 1 if k == 1 else n_init
-        p = points.unsqueeze(0).expand(reps, *points.shape)
-        w = weights.unsqueeze(0).expand(reps, *weights.shape)
-        fit = weighted_em(p, w, k, n_iter=n_iter, init=init, tol=tol, cov_floor=cov_floor, generator=generator)
-        best = fit.log_likelihood.argmax(0)  # (...)
-        pick = lambda x: torch.gather(x, 0, best.view(1, *best.shape, *([1] * (x.ndim - 1 - best.ndim))).expand(1, *x.shape[1:])).squeeze(0)
+        # the initializations after the examples, so that an example's random seeds do not depend on
+        # the examples after it (see weighted_em)
+        p = points.unsqueeze(-3).expand(*batch, reps, n, d)
+        w = weights.unsqueeze(-2).expand(*batch, reps, n)
+        fit = weighted_em(p, w, k, n_iter=n_iter, init=init, tol=tol, cov_floor=cov_floor, generator=stream)
+        best = fit.log_likelihood.argmax(-1)  # (...)
+        nb = len(batch)
+        pick = lambda x: torch.gather(
+            x, nb, best.view(*batch, 1, *([1] * (x.ndim - nb - 1))).expand(*batch, 1, *x.shape[nb + 1 :])
+        ).squeeze(nb)
         m, c, pi, ll = pick(fit.means), pick(fit.covariances), pick(fit.mixing), pick(fit.log_likelihood)
         pad = k_max - k
         if pad:
