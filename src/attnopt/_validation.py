@@ -439,6 +439,37 @@ def check_device(device, name: str = "device", *, auto: bool = False) -> torch.d
     return dev
 
 
+def check_psd(S: torch.Tensor, name: str) -> None:
+    """Check ``S`` has shape ``(..., D, D)`` (always) and holds finite symmetric positive *semi*-definite matrices.
+
+    Symmetry as in :func:`check_spd`.  Semi-definiteness up to the same relative tolerance, per matrix: a
+    Cholesky factorization of ``S + sqrt(eps) max|S| I`` succeeds, so ``S = 0`` and a rank-deficient
+    covariance whose zero eigenvalues round-off made slightly negative pass, and an eigenvalue below
+    ``-sqrt(eps) max|S|`` fails.
+    """
+    if S.ndim < 2 or S.shape[-1] != S.shape[-2]:
+        raise ValueError(f"{name} must have shape (..., D, D) with square trailing dimensions; got {tuple(S.shape)}")
+    check_finite(S, name)
+    if S.numel() == 0 or _mode == "off":
+        return
+    work = S.to(torch.float32) if S.dtype in (torch.float16, torch.bfloat16) else S
+    scale = work.abs().amax().clamp_min(torch.finfo(work.dtype).tiny)
+    tol = math.sqrt(torch.finfo(work.dtype).eps)
+    asym = (work - work.transpose(-1, -2)).abs().amax()
+    if host_reads_allowed(S):
+        if bool(asym > tol * scale):
+            raise ValueError(
+                f"{name} must be symmetric; max |{name} - {name}^T| = {asym.item():.3g} "
+                f"(relative {(asym / scale).item():.3g} > {tol:.1g})"
+            )
+    else:
+        require(asym <= tol * scale, f"{name} must be symmetric (relative asymmetry above {tol:.1g})")
+    eye = torch.eye(S.shape[-1], dtype=work.dtype, device=work.device)
+    per_matrix = work.abs().amax((-2, -1), keepdim=True).clamp_min(torch.finfo(work.dtype).tiny)
+    _, info = torch.linalg.cholesky_ex(0.5 * (work + work.transpose(-1, -2)) + (tol * per_matrix) * eye)
+    require((info == 0).all(), f"{name} must be positive semi-definite; at least one matrix has a negative eigenvalue")
+
+
 def all_finite(x: torch.Tensor) -> torch.Tensor:
     """The 0-dim condition "every entry of ``x`` is finite" for :func:`require`, in one reduction.
 
