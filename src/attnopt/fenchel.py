@@ -58,14 +58,25 @@ mass there); no gradient flows to those zero entries.  The hyper-parameters :mat
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._validation import (
+    all_finite,
     as_float_tensor,
+    broadcast_shapes,
+    check_bool_mask,
+    check_choice,
     check_finite,
+    check_int,
     check_positive,
     check_probability_vector,
+    check_psd,
+    check_same_device,
+    check_same_dtype,
     check_shape_match,
+    require,
 )
 
 __all__ = [
@@ -95,45 +106,35 @@ _LS_SIGMA = 1e-4
 _CAUCHY_STEPS = 12
 _CAUCHY_RATE = 0.25
 _CAUCHY_MIN_N = 16
+_METHODS = ("auto", "gram", "span", "dense")
 
 
 # ----------------------------------------------------------------------------------------------
-# validation and layout helpers
+# argument parsing and layout helpers (the checks themselves are those of attnopt._validation)
 # ----------------------------------------------------------------------------------------------
-
-
-def _check_like(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
-    if x.dtype != ref.dtype:
-        raise TypeError(f"{name} has dtype {x.dtype} but {ref_name} has dtype {ref.dtype}; pass both in one dtype")
-    if x.device != ref.device:
-        raise ValueError(f"{name} is on {x.device} but {ref_name} is on {ref.device}; put both on one device")
-
-
-def _broadcast(shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
-    try:
-        return tuple(torch.broadcast_shapes(*shapes.values()))
-    except RuntimeError as err:
-        desc = ", ".join(f"{k} {v}" for k, v in shapes.items())
-        raise ValueError(f"shapes cannot be broadcast together: {desc}") from err
 
 
 def _templates(templates) -> torch.Tensor:
     t = as_float_tensor(templates, "templates", min_ndim=2)
-    check_finite(t, "templates")
     if t.shape[-2] == 0:
-        raise ValueError("templates must hold at least one template (shape (..., n, d) with n >= 1)")
+        raise ValueError(
+            "templates must hold at least one template (shape (..., n, d) with n >= 1): with no templates "
+            "there is no preference u in the simplex, and problem (4) has no solution"
+        )
+    check_finite(t, "templates")
     return t
 
 
 def _vector(x, name: str, templates: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """Validate ``x`` (``(..., d)`` or ``(..., n_q, d)``) and return it with a query axis."""
     x = as_float_tensor(x, name, min_ndim=1, like=templates)
-    _check_like(x, name, templates, "templates")
-    check_finite(x, name)
+    check_same_dtype(x, name, templates, "templates")
+    check_same_device(x, name, templates, "templates")
     check_shape_match(x, name, templates, "templates", [(-1, -1)])
     single = x.ndim != templates.ndim
     xq = x.unsqueeze(-2) if single else x
-    _broadcast({name: xq.shape[:-2], "templates": templates.shape[:-2]})
+    broadcast_shapes(**{f"{name}'s batch dimensions": xq.shape[:-2], "templates' batch dimensions": templates.shape[:-2]})
+    check_finite(x, name)
     return xq, single
 
 
@@ -142,17 +143,14 @@ def _preference(u, templates: torch.Tensor, single: bool, name: str = "u") -> to
     if u is None:
         return None
     u = as_float_tensor(u, name, min_ndim=1, like=templates)
-    _check_like(u, name, templates, "templates")
-    check_finite(u, name)
+    check_same_dtype(u, name, templates, "templates")
+    check_same_device(u, name, templates, "templates")
     n = templates.shape[-2]
     if u.shape[-1] != n:
         raise ValueError(f"{name} must have one entry per template: {name}.shape[-1]={u.shape[-1]} but n={n}")
+    check_finite(u, name)
     check_probability_vector(u, name)
     return u.unsqueeze(-2) if single else u
-
-
-def _alpha(alpha, name: str = "alpha") -> float:
-    return check_positive(alpha, name)
 
 
 def _log_pref(u: torch.Tensor) -> torch.Tensor:
@@ -162,27 +160,49 @@ def _log_pref(u: torch.Tensor) -> torch.Tensor:
     return torch.where(pos, torch.log(safe), torch.full_like(u, float("-inf")))
 
 
-def _cost(cost, templates: torch.Tensor, ref_name: str = "templates") -> torch.Tensor:
-    """Validate a cost matrix against ``templates`` (only its dtype, device and ``n`` are used)."""
-    m = as_float_tensor(cost, "cost", min_ndim=2, like=templates)
-    _check_like(m, "cost", templates, ref_name)
-    if torch.isnan(m).any():
-        raise ValueError("cost contains NaN")
-    if torch.isneginf(m).any():
-        raise ValueError("cost contains -inf; costs must be finite or +inf")
-    n = templates.shape[-2]
+def _scores(x: torch.Tensor, T: torch.Tensor, alpha: float | None, x_name: str) -> torch.Tensor:
+    r"""The scores :math:`\alpha\langle x,t_i\rangle` (``alpha=None``: :math:`\langle x,t_i\rangle`), ``(..., n_q, n)``.
+
+    :math:`\alpha<1` shrinks both factors by :math:`\sqrt\alpha` before the product (as PyTorch's
+    reference SDPA does; :math:`\alpha` itself may be below the smallest float32); :math:`\alpha>1`
+    multiplies the product, which is then smaller than the result, so no intermediate overflows.
+    Scores beyond the dtype's range have no representation (the weights would be NaN):
+    ``ValueError``, through :func:`require` (no host read off the CPU).
+    """
+    if alpha is None or alpha == 1.0:
+        s = x @ T.mT
+    elif alpha < 1.0:
+        root = math.sqrt(alpha)
+        s = (root * x) @ (root * T).mT
+    else:
+        s = alpha * (x @ T.mT)
+    what, args = (f"<{x_name}, t_i>", f"{x_name} or templates") if alpha is None else \
+        (f"alpha * <{x_name}, t_i>", f"{x_name}, templates or alpha")
+    fix = "smaller" if x.dtype == torch.float64 else "float64 tensors or smaller"
+    require(
+        all_finite(s),
+        f"the scores {what} overflow {x.dtype} (largest finite value {torch.finfo(x.dtype).max:.3g}): "
+        f"{args} are too large for this dtype; pass {fix} {args}",
+    )
+    return s
+
+
+def _cost(cost, n: int, ref: torch.Tensor, ref_name: str) -> torch.Tensor:
+    """Validate a cost matrix ``(..., n, n)``, finite or ``+inf``, in the dtype and on the device of ``ref``."""
+    if cost is None:
+        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
+    m = as_float_tensor(cost, "cost", min_ndim=2, like=ref)
+    check_same_dtype(m, "cost", ref, ref_name)
+    check_same_device(m, "cost", ref, ref_name)
     if m.shape[-1] != n or m.shape[-2] != n:
         raise ValueError(f"cost must be (..., n, n) with n={n} templates; got shape {tuple(m.shape)}")
-    if torch.isposinf(m).all(dim=-2).any():
-        raise ValueError("cost has a column that is +inf everywhere; each template must reach some template")
+    # NaN > -inf is False: one reduction refuses NaN and -inf
+    require((m > float("-inf")).all(), "cost contains NaN or -inf; costs must be finite or +inf")
+    require(
+        (m < float("inf")).any(dim=-2).all(),
+        "cost has a column that is +inf everywhere; each template must reach some template",
+    )
     return m
-
-
-def _tol(tol, max_iter) -> tuple[float, int]:
-    tol = check_positive(tol, "tol")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"max_iter must be a positive int; got {max_iter!r}")
-    return tol, max_iter
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,6 +276,9 @@ class _OT:
         self.u = u if u is not None else torch.full((1, n), 1.0 / n, dtype=cost.dtype, device=cost.device)
         self.cost = cost
         self.gamma = gamma
+        # the divisor of the shifted scores (<= 0): gamma, or the dtype's smallest normal number when gamma
+        # would round to 0 in it (0 / 0 = NaN at the maximum); the weights are then the gamma -> 0 limit
+        self.div = max(gamma, torch.finfo(cost.dtype).tiny)
 
     def batch_shape(self) -> tuple[int, ...]:
         return tuple(torch.broadcast_shapes(self.u.shape[:-1], self.cost.shape[:-2]))
@@ -274,9 +297,19 @@ class _OT:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.u, self.cost)
 
+    def _shifted(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x[..., i, j] = s_i - M_ij`` less its column maximum ``top[..., j]`` (finite: some ``M_ij`` is).
+
+        The shift comes *before* the division by gamma, which a small gamma would overflow; it is
+        detached, since the softmax and log-sum-exp over ``i`` do not depend on it.
+        """
+        x = s.unsqueeze(-1) - self.cost
+        top = x.detach().amax(dim=-2, keepdim=True)
+        return x - top, top.squeeze(-2)
+
     def _plan_cols(self, s: torch.Tensor) -> torch.Tensor:
         # [..., i, j] = softmax over i of (s_i - M_ij) / gamma: column j of the optimal plan / u_j
-        return torch.softmax((s.unsqueeze(-1) - self.cost) / self.gamma, dim=-2)
+        return torch.softmax(self._shifted(s)[0] / self.div, dim=-2)
 
     def probs(self, s: torch.Tensor) -> torch.Tensor:
         return (self._plan_cols(s) * self.u.unsqueeze(-2)).sum(-1)
@@ -292,10 +325,11 @@ class _OT:
         return R @ self.hess(s)[1] @ R.mT
 
     def value(self, s: torch.Tensor) -> torch.Tensor:
-        lse = torch.logsumexp((s.unsqueeze(-1) - self.cost) / self.gamma, dim=-2)  # (..., n_j)
+        x, top = self._shifted(s)
+        lse = top + self.div * torch.logsumexp(x / self.div, dim=-2)  # gamma log sum_i e^{(s_i - M_ij)/gamma}
         lse = torch.where(self.u > 0, lse, torch.zeros_like(lse))
         entropy = -torch.special.xlogy(self.u, self.u).sum(-1)
-        return self.gamma * (entropy + (self.u * lse).sum(-1))
+        return self.gamma * entropy + (self.u * lse).sum(-1)
 
     def prior(self, like: torch.Tensor) -> torch.Tensor:
         return _true_pref(self.u, self.cost, self.gamma)
@@ -306,13 +340,17 @@ class _OT:
 # ----------------------------------------------------------------------------------------------
 
 
-def _ot_family(u, cost, gamma, T: torch.Tensor, single: bool) -> "_OT":
+def _ot_family(u, cost, gamma, T: torch.Tensor, xq: torch.Tensor, single: bool, x_name: str) -> "_OT":
     """The checked preference, cost and gamma of the OT problem (24), as the solver's family."""
-    gamma = _alpha(gamma, "gamma")
+    gamma = check_positive(gamma, "gamma")
     uq = _preference(u, T, single)
-    if cost is None:
-        raise ValueError("cost is required: a (..., N, N) matrix M(t_i, t_j)")
-    return _OT(uq, _cost(cost, T).unsqueeze(-3), gamma)
+    m = _cost(cost, T.shape[-2], T, "templates").unsqueeze(-3)
+    shapes = {f"{x_name}'s batch dimensions": xq.shape[:-1], "templates' batch dimensions": T.shape[:-2] + (1,),
+              "cost's batch dimensions": m.shape[:-2]}
+    if uq is not None:
+        shapes["u's batch dimensions"] = uq.shape[:-1]
+    broadcast_shapes(**shapes)
+    return _OT(uq, m, gamma)
 
 
 def _select_step(merits: torch.Tensor, m0: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
@@ -335,9 +373,16 @@ def _floor(bq: torch.Tensor, T: torch.Tensor, alpha: float) -> torch.Tensor:
     :math:`\max\lVert t\rVert` times as much, so no iterate can be reliably more stationary.  The floor
     matters in float32 and for large templates, not for float64 at unit scale.
     """
-    eps = torch.finfo(bq.dtype).eps
+    finfo = torch.finfo(bq.dtype)
     t2 = (T * T).sum(-1).amax(dim=-1, keepdim=True)
-    return eps * (bq.norm(dim=-1) + t2.sqrt()) * (32.0 + 4.0 * alpha * t2)
+    floor = finfo.eps * (bq.norm(dim=-1) + t2.sqrt()) * (32.0 + 4.0 * alpha * t2)
+    # the solvers compare squared gradients with floor^2: beyond sqrt(max) no iterate can be certified
+    require(
+        (floor < finfo.max**0.5).all(),
+        f"b, templates or alpha are too large for the dual solver in {bq.dtype}: the rounding floor of |grad D| "
+        "overflows; pass float64 tensors or smaller b, templates or alpha",
+    )
+    return floor
 
 
 def _armijo_step(x, s, dx, ds, m, trial):
@@ -376,7 +421,7 @@ def _newton_span(bq, T, fam, alpha, tol, max_iter, what):
     """
     Qb, R = torch.linalg.qr(T.mT)  # (..., d, k), (..., k, n)
     k, n = R.shape[-2], R.shape[-1]
-    sb = alpha * (bq @ T.mT)
+    sb = _scores(bq, T, alpha, "b")
     # start from the paper's approximation lambda = alpha z = alpha b - alpha T^T u (eq. 16): v = -alpha R u
     v0 = -alpha * (fam.prior(sb) @ R.mT)
     batch = tuple(torch.broadcast_shapes(sb.shape[:-1], v0.shape[:-1], fam.batch_shape()))
@@ -455,7 +500,7 @@ def _newton_gram(bq, T, fam, alpha, tol, max_iter, what):
     along the gradient: each costs one product with :math:`G`.
     """
     n = T.shape[-2]
-    sb = alpha * (bq @ T.mT)
+    sb = _scores(bq, T, alpha, "b")
     u = fam.prior(sb)
     batch = tuple(torch.broadcast_shapes(sb.shape[:-1], u.shape[:-1], fam.batch_shape()))
     nq = batch[-1]  # the query axis: G does not vary along it
@@ -543,7 +588,7 @@ def _newton_gram(bq, T, fam, alpha, tol, max_iter, what):
 
 def _newton_dense(bq, T, fam, alpha, tol, max_iter, what):
     """Textbook Newton in ``lambda`` with ``d x d`` Cholesky solves (the reference for benchmarks)."""
-    sb = alpha * (bq @ T.mT)
+    sb = _scores(bq, T, alpha, "b")
     steps = _LS_RHO ** torch.arange(_LS_STEPS, dtype=bq.dtype, device=bq.device)
     u0 = fam.prior(sb)
     lam = (alpha * (bq - u0 @ T)).expand(fam.probs(sb).shape[:-1] + bq.shape[-1:]).clone()
@@ -594,16 +639,22 @@ def _implicit(lam, bq, T, fam, alpha):
 
 
 def _solve(bq, T, fam, alpha, tol, max_iter, method, what):
-    if method not in ("auto", "gram", "span", "dense"):
-        raise ValueError(f"method must be 'auto', 'gram', 'span' or 'dense'; got {method!r}")
+    check_choice(method, "method", _METHODS)
     if method == "gram" and not isinstance(fam, _KL):
         raise ValueError("method='gram' is for the KL dual (9) only; use 'auto', 'span' or 'dense'")
     if method == "auto":  # Gram-space Newton unless the QR basis is smaller (more templates than dimensions)
         method = "gram" if isinstance(fam, _KL) and T.shape[-2] <= T.shape[-1] else "span"
     solvers = {"gram": _newton_gram, "span": _newton_span, "dense": _newton_dense}
+    batch = torch.broadcast_shapes(bq.shape[:-1], T.shape[:-2] + (1,), fam.batch_shape())
     with torch.no_grad():
-        solver = solvers[method]
-        lam = solver(bq.detach(), T.detach(), fam.detached(), alpha, tol, max_iter, what)
+        bd, Td, fd = bq.detach(), T.detach(), fam.detached()
+        if T.device.type == "meta" or batch.numel() * T.shape[-1] == 0:
+            # no values to iterate on (meta tensors) or no problem to solve (an empty batch, d = 0):
+            # the starting point alpha z of eq. (16) has the result's shape, dtype and device
+            sb = bd @ Td.mT
+            lam = (alpha * (bd - fd.prior(sb) @ Td)).expand(batch + bq.shape[-1:])
+        else:
+            lam = solvers[method](bd, Td, fd, alpha, tol, max_iter, what)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (bq, T) + fam.tensors())
     return _implicit(lam, bq, T, fam, alpha) if needs_grad else lam
 
@@ -651,18 +702,31 @@ def generalized_attention(z, templates, u=None, alpha=1.0) -> tuple[torch.Tensor
     Returns:
         ``(h, weights)``: ``(..., [n_q,] d)`` and ``(..., [n_q,] n)``.
 
+    No query (``n_q = 0``) or an empty batch gives empty results of the shapes above.  The scores
+    :math:`\alpha\langle t_i,z\rangle` are formed with :math:`\alpha` on the side that avoids an
+    intermediate overflow; scores beyond the dtype's range raise (never NaN weights).
+
     Raises:
-        ValueError: ``alpha <= 0``, NaN/inf inputs, shape mismatch, ``u`` negative or not summing
-            to one.
-        TypeError: non-float inputs or mixed dtypes.
+        ValueError: ``alpha`` not a finite number > 0; NaN/inf inputs; no template (``n = 0``: there
+            is no preference over an empty set, so problem (4) has no solution); shape mismatch or
+            shapes that do not broadcast; tensors on different devices; ``u`` negative or not
+            summing to one; scores :math:`\alpha\langle t_i,z\rangle` beyond the dtype's range
+            (pass float64 or smaller inputs).
+        TypeError: non-float inputs, mixed dtypes, ``alpha`` not a real number.
+
+    Example:
+        >>> T = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+        >>> h, w = generalized_attention(torch.tensor([2.0, 0.0]), T, alpha=0.5)
+        >>> w
+        tensor([0.7311, 0.2689])
     """
     T = _templates(templates)
     zq, single = _vector(z, "z", T)
-    alpha = _alpha(alpha)
+    alpha = check_positive(alpha, "alpha")
     uq = _preference(u, T, single)
-    scores = alpha * (zq @ T.mT)
+    scores = _scores(zq, T, alpha, "z")
     if uq is not None:
-        _broadcast({"weights": scores.shape, "u": uq.shape})
+        broadcast_shapes(**{"the weights of z and templates": scores.shape, "u": uq.shape})
         scores = scores + _log_pref(uq)
     weights = torch.softmax(scores, dim=-1)
     h = weights @ T
@@ -692,26 +756,32 @@ def dual_objective(lam, b, templates, u=None, alpha=1.0) -> torch.Tensor:
         :math:`D(\lambda)`, shape ``(...)`` or ``(..., n_q)``.
 
     Raises:
-        ValueError, TypeError: as :func:`generalized_attention`.
+        ValueError, TypeError: as :func:`generalized_attention`; also a value :math:`D(\lambda)`
+            beyond the dtype's range.
     """
     T = _templates(templates)
     lq, single = _vector(lam, "lam", T)
-    bq = _bq_like(b, T, single)
-    alpha = _alpha(alpha)
+    bq = _bq_like(b, T, single, lq, "lam")
+    alpha = check_positive(alpha, "alpha")
     uq = _preference(u, T, single)
-    s = lq @ T.mT
+    s = _scores(lq, T, None, "lam")
     if uq is not None:
-        _broadcast({"scores": s.shape, "u": uq.shape})
+        broadcast_shapes(**{"the scores <lam, t_i>": s.shape, "u": uq.shape})
     val = (lq * bq).sum(-1) - (lq * lq).sum(-1) / (2 * alpha) - _KL(uq).value(s)
+    require(all_finite(val), f"D(lam) overflows {val.dtype}: lam or b are too large for this dtype")
     return val.squeeze(-1) if single else val
 
 
-def _bq_like(b, T, single, name="b"):
-    b = as_float_tensor(b, name, min_ndim=1, like=T)
-    _check_like(b, name, T, "templates")
-    check_finite(b, name)
-    check_shape_match(b, name, T, "templates", [(-1, -1)])
-    return b.unsqueeze(-2) if single else b
+def _bq_like(b, T, single, lq, lam_name):
+    """``b`` in the layout of ``lq`` (the checked ``lam``)."""
+    b = as_float_tensor(b, "b", min_ndim=1, like=T)
+    check_same_dtype(b, "b", T, "templates")
+    check_same_device(b, "b", T, "templates")
+    check_shape_match(b, "b", T, "templates", [(-1, -1)])
+    bq = b.unsqueeze(-2) if single else b
+    broadcast_shapes(**{lam_name: lq.shape, "b": bq.shape})
+    check_finite(b, "b")
+    return bq
 
 
 def solve_dual(b, templates, u=None, alpha=1.0, tol=1e-10, max_iter=100, *, method="auto") -> torch.Tensor:
@@ -753,17 +823,25 @@ def solve_dual(b, templates, u=None, alpha=1.0, tol=1e-10, max_iter=100, *, meth
     Returns:
         :math:`\lambda^*`, same layout as ``b`` (broadcast against ``templates`` and ``u``).
 
+    An empty batch (or ``d = 0``) returns an empty result without iterating; so do ``meta``
+    tensors (which have shapes but no values), returning the result's shape.
+
     Raises:
-        ValueError, TypeError: as :func:`generalized_attention`, or bad ``tol``/``max_iter``/``method``.
+        ValueError: as :func:`generalized_attention`; ``tol`` not a finite number > 0,
+            ``max_iter < 1``, an unknown ``method``; ``b``, ``templates`` or ``alpha`` so large that
+            no iterate can be certified in this dtype.
+        TypeError: as :func:`generalized_attention`; ``max_iter`` not an int, ``method`` not a string.
         RuntimeError: no convergence within ``max_iter`` iterations.
     """
     T = _templates(templates)
     bq, single = _vector(b, "b", T)
-    alpha = _alpha(alpha)
-    tol, max_iter = _tol(tol, max_iter)
+    alpha = check_positive(alpha, "alpha")
+    tol = check_positive(tol, "tol")
+    max_iter = check_int(max_iter, "max_iter", 1)
     uq = _preference(u, T, single)
     if uq is not None:
-        _broadcast({"scores": bq.shape[:-1] + (T.shape[-2],), "u": uq.shape})
+        broadcast_shapes(**{"b's batch dimensions": bq.shape[:-1], "templates' batch dimensions": T.shape[:-2] + (1,),
+                            "u's batch dimensions": uq.shape[:-1]})
     lam = _solve(bq, T, _KL(uq), alpha, tol, max_iter, method, "solve_dual")
     return lam.squeeze(-2) if single else lam
 
@@ -811,17 +889,27 @@ def gaussian_dual_maximizer(mu, b, alpha, *, cov=None) -> torch.Tensor:
         cov: optional symmetric positive semi-definite :math:`\Sigma`, ``(..., d, d)``.
 
     Returns:
-        :math:`\lambda^*`, ``(..., d)``.
+        :math:`\lambda^*`, ``(..., d)`` (the broadcast of ``mu``, ``b`` and ``cov``'s batch).
 
     Raises:
-        ValueError, TypeError: bad ``alpha``, NaN, mismatched shapes or dtypes.
+        ValueError: ``alpha`` not a finite number > 0; NaN or infinite entries; shapes that do not
+            match or broadcast; tensors on different devices; ``cov`` not symmetric positive
+            semi-definite (e.g. :math:`-I`, which is no covariance).
+        TypeError: non-float inputs or mixed dtypes; ``alpha`` not a real number.
     """
     mu, b, alpha, cov = _gauss_args(mu, b, alpha, cov)
+    return _gauss_lambda(mu, b, alpha, cov)
+
+
+def _gauss_lambda(mu, b, alpha, cov):
     if cov is None:
         return alpha / (1.0 + alpha) * (b - mu)
     d = mu.shape[-1]
-    eye = torch.eye(d, dtype=mu.dtype, device=mu.device)
-    return alpha * torch.linalg.solve(eye + alpha * cov, (b - mu).unsqueeze(-1)).squeeze(-1)
+    work = torch.float32 if mu.dtype in (torch.float16, torch.bfloat16) else mu.dtype  # no half-precision solve
+    eye = torch.eye(d, dtype=work, device=mu.device)
+    # solve_ex: no host read for the error check (I + alpha cov has eigenvalues >= 1 for a checked cov)
+    lam = alpha * torch.linalg.solve_ex(eye + alpha * cov.to(work), (b - mu).to(work).unsqueeze(-1))[0].squeeze(-1)
+    return lam.to(mu.dtype)
 
 
 def gaussian_estimate(mu, b, alpha, *, cov=None) -> torch.Tensor:
@@ -844,34 +932,39 @@ def gaussian_estimate(mu, b, alpha, *, cov=None) -> torch.Tensor:
         cov: optional :math:`\Sigma`, ``(..., d, d)``; ``None`` means :math:`I_d`.
 
     Returns:
-        :math:`\hat h`, ``(..., d)``.
+        :math:`\hat h`, ``(..., d)``; without ``cov`` the convex combination above, computed as
+        such (no overflow for any finite ``mu`` and ``b``).
 
     Raises:
         ValueError, TypeError: as :func:`gaussian_dual_maximizer`.
     """
-    lam = gaussian_dual_maximizer(mu, b, alpha, cov=cov)
-    mu = as_float_tensor(mu, "mu", min_ndim=1)
+    mu, b, alpha, cov = _gauss_args(mu, b, alpha, cov)
     if cov is None:
-        return mu + lam
+        return mu * (1.0 / (1.0 + alpha)) + b * (alpha / (1.0 + alpha))
+    lam = _gauss_lambda(mu, b, alpha, cov)
     return mu + (cov @ lam.unsqueeze(-1)).squeeze(-1)
 
 
 def _gauss_args(mu, b, alpha, cov):
     mu = as_float_tensor(mu, "mu", min_ndim=1)
-    check_finite(mu, "mu")
     b = as_float_tensor(b, "b", min_ndim=1, like=mu)
-    _check_like(b, "b", mu, "mu")
-    check_finite(b, "b")
+    check_same_dtype(b, "b", mu, "mu")
+    check_same_device(b, "b", mu, "mu")
     check_shape_match(b, "b", mu, "mu", [(-1, -1)])
-    _broadcast({"mu": mu.shape, "b": b.shape})
-    alpha = _alpha(alpha)
+    broadcast_shapes(mu=mu.shape, b=b.shape)
+    alpha = check_positive(alpha, "alpha")
+    check_finite(mu, "mu")
+    check_finite(b, "b")
     if cov is not None:
         cov = as_float_tensor(cov, "cov", min_ndim=2, like=mu)
-        _check_like(cov, "cov", mu, "mu")
-        check_finite(cov, "cov")
+        check_same_dtype(cov, "cov", mu, "mu")
+        check_same_device(cov, "cov", mu, "mu")
         d = mu.shape[-1]
         if cov.shape[-1] != d or cov.shape[-2] != d:
             raise ValueError(f"cov must be (..., d, d) with d={d}; got shape {tuple(cov.shape)}")
+        broadcast_shapes(**{"mu's batch dimensions": mu.shape[:-1], "b's batch dimensions": b.shape[:-1],
+                            "cov's batch dimensions": cov.shape[:-2]})
+        check_psd(cov, "cov")
     return mu, b, alpha, cov
 
 
@@ -897,19 +990,24 @@ def t5_preference(position_bias, mask=None) -> torch.Tensor:
 
     Raises:
         TypeError: ``mask`` not boolean, ``position_bias`` not floating.
-        ValueError: NaN or ``+inf`` in the bias, a row with every word masked, bad broadcast.
+        ValueError: NaN or ``+inf`` in the bias; no word (last dimension 0) or a row with every word
+            masked (no preference exists over no word); shapes that do not broadcast; ``mask`` on
+            another device.  An empty batch gives an empty result.
     """
     bias = as_float_tensor(position_bias, "position_bias", min_ndim=1)
+    shape = bias.shape
+    if mask is not None:
+        check_bool_mask(mask, "mask", device=bias.device, meaning="True = may attend")
+        shape = broadcast_shapes(position_bias=bias.shape, mask=mask.shape)
+    if shape[-1] == 0:
+        raise ValueError(f"position_bias must hold at least one word (shape (..., n) with n >= 1); got {tuple(shape)}")
     check_finite(bias, "position_bias", allow_neg_inf=True)
     if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise TypeError("mask must be a boolean tensor (True = may attend)")
-        if mask.device != bias.device:
-            raise ValueError(f"mask is on {mask.device} but position_bias is on {bias.device}")
-        _broadcast({"position_bias": bias.shape, "mask": mask.shape})
         bias = bias.masked_fill(~mask, float("-inf"))
-    if torch.isneginf(bias).all(dim=-1).any():
-        raise ValueError("every word of some row is masked; a preference needs at least one allowed word")
+    require(
+        (bias > float("-inf")).any(dim=-1).all(),
+        "every word of some row is masked (by mask or a -inf position_bias); a preference needs at least one allowed word",
+    )
     return torch.softmax(bias, dim=-1)
 
 
@@ -918,7 +1016,9 @@ def relative_deviation(lam_star, approx) -> torch.Tensor:
 
     Fig. 4 of the Fenchel-dual paper measures how far the approximation
     :math:`\hat\lambda=\alpha z` (eq. 16) is from the exact maximizer :math:`\lambda^*` of (9) in
-    BERT and T5.  A zero :math:`\lambda^*` gives ``inf`` (``0`` if ``approx`` is zero too).
+    BERT and T5.  A zero :math:`\lambda^*` gives ``inf`` (``0`` if ``approx`` is zero too, and for
+    ``d = 0``).  Both vectors are divided by their largest entry before the norms, so that no
+    square overflows.
 
     Args:
         lam_star: :math:`\lambda^*`, ``(..., d)``.
@@ -931,13 +1031,19 @@ def relative_deviation(lam_star, approx) -> torch.Tensor:
         ValueError, TypeError: NaN, mismatched shapes or dtypes.
     """
     lam_star = as_float_tensor(lam_star, "lam_star", min_ndim=1)
-    check_finite(lam_star, "lam_star")
     approx = as_float_tensor(approx, "approx", min_ndim=1, like=lam_star)
-    _check_like(approx, "approx", lam_star, "lam_star")
+    check_same_dtype(approx, "approx", lam_star, "lam_star")
+    check_same_device(approx, "approx", lam_star, "lam_star")
+    shape = broadcast_shapes(lam_star=lam_star.shape, approx=approx.shape)
+    check_finite(lam_star, "lam_star")
     check_finite(approx, "approx")
-    _broadcast({"lam_star": lam_star.shape, "approx": approx.shape})
-    diff = (lam_star - approx).norm(dim=-1)
-    return torch.where(diff == 0, torch.zeros_like(diff), diff / lam_star.norm(dim=-1))
+    lam_star, approx = lam_star.expand(shape), approx.expand(shape)
+    if shape[-1] == 0:
+        return lam_star.new_zeros(shape[:-1])
+    scale = torch.maximum(lam_star.detach().abs().amax(-1), approx.detach().abs().amax(-1))
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1)
+    diff = (lam_star / scale - approx / scale).norm(dim=-1)
+    return torch.where(diff == 0, torch.zeros_like(diff), diff / (lam_star / scale).norm(dim=-1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -947,7 +1053,10 @@ def relative_deviation(lam_star, approx) -> torch.Tensor:
 
 def _true_pref(u: torch.Tensor, cost: torch.Tensor, gamma: float) -> torch.Tensor:
     """``u (..., n)`` and ``cost (..., n, n)`` with leading dimensions aligned."""
-    q = torch.softmax(-cost / gamma, dim=-2)  # column j: where the mass u_j goes
+    # column j: where the mass u_j goes; each column is shifted by its (finite) minimum before the
+    # division by gamma, which a small gamma would otherwise overflow
+    low = cost.detach().amin(dim=-2, keepdim=True)
+    q = torch.softmax((low - cost) / max(gamma, torch.finfo(cost.dtype).tiny), dim=-2)  # (0 / 0 for a gamma that rounds to 0)
     return (q * u.unsqueeze(-2)).sum(-1)
 
 
@@ -978,11 +1087,13 @@ def true_preference(u, cost, gamma) -> torch.Tensor:
         ValueError, TypeError: bad ``gamma``, NaN, ``u`` not a probability vector, bad shapes.
     """
     u = as_float_tensor(u, "u", min_ndim=1)
+    if u.shape[-1] == 0:
+        raise ValueError("u must hold at least one entry (shape (..., N) with N >= 1): no preference exists over no template")
+    m = _cost(cost, u.shape[-1], u, "u")
+    gamma = check_positive(gamma, "gamma")
+    broadcast_shapes(**{"u's batch dimensions": u.shape[:-1], "cost's batch dimensions": m.shape[:-2]})
     check_finite(u, "u")
     check_probability_vector(u, "u")
-    m = _cost(cost, u.new_zeros((u.shape[-1], 1)), "u")
-    gamma = _alpha(gamma, "gamma")
-    _broadcast({"u": u.shape[:-1], "cost": m.shape[:-2]})
     return _true_pref(u, m, gamma)
 
 
@@ -1012,13 +1123,14 @@ def ot_attention(z, templates, u=None, cost=None, alpha=1.0, gamma=1.0) -> tuple
         ``(h, weights)`` of shapes ``(..., [n_q,] d)`` and ``(..., [n_q,] N)``.
 
     Raises:
-        ValueError, TypeError: as :func:`generalized_attention`, plus a bad ``cost`` or ``gamma``.
+        ValueError, TypeError: as :func:`generalized_attention`, plus a bad ``cost`` (NaN or
+            ``-inf`` entries, a column that is ``+inf`` everywhere, a wrong shape) or ``gamma``.
     """
     T = _templates(templates)
     zq, single = _vector(z, "z", T)
-    alpha = _alpha(alpha)
-    fam = _ot_family(u, cost, gamma, T, single)
-    weights = fam.probs(alpha * (zq @ T.mT))
+    alpha = check_positive(alpha, "alpha")
+    fam = _ot_family(u, cost, gamma, T, zq, single, "z")
+    weights = fam.probs(_scores(zq, T, alpha, "z"))
     h = weights @ T
     if single:
         h, weights = h.squeeze(-2), weights.squeeze(-2)
@@ -1048,10 +1160,11 @@ def ot_dual_objective(lam, b, templates, u=None, cost=None, alpha=1.0, gamma=1.0
     """
     T = _templates(templates)
     lq, single = _vector(lam, "lam", T)
-    bq = _bq_like(b, T, single)
-    alpha = _alpha(alpha)
-    fam = _ot_family(u, cost, gamma, T, single)
-    val = (lq * bq).sum(-1) - (lq * lq).sum(-1) / (2 * alpha) - fam.value(lq @ T.mT)
+    bq = _bq_like(b, T, single, lq, "lam")
+    alpha = check_positive(alpha, "alpha")
+    fam = _ot_family(u, cost, gamma, T, lq, single, "lam")
+    val = (lq * bq).sum(-1) - (lq * lq).sum(-1) / (2 * alpha) - fam.value(_scores(lq, T, None, "lam"))
+    require(all_finite(val), f"D(lam) overflows {val.dtype}: lam or b are too large for this dtype")
     return val.squeeze(-1) if single else val
 
 
@@ -1079,9 +1192,10 @@ def solve_ot_dual(b, templates, u=None, cost=None, alpha=1.0, gamma=1.0, tol=1e-
     """
     T = _templates(templates)
     bq, single = _vector(b, "b", T)
-    alpha = _alpha(alpha)
-    tol, max_iter = _tol(tol, max_iter)
-    fam = _ot_family(u, cost, gamma, T, single)
+    alpha = check_positive(alpha, "alpha")
+    tol = check_positive(tol, "tol")
+    max_iter = check_int(max_iter, "max_iter", 1)
+    fam = _ot_family(u, cost, gamma, T, bq, single, "b")
     lam = _solve(bq, T, fam, alpha, tol, max_iter, method, "solve_ot_dual")
     return lam.squeeze(-2) if single else lam
 
@@ -1111,9 +1225,10 @@ def ot_exact_estimate(z, templates, u=None, cost=None, alpha=1.0, gamma=1.0, tol
     """
     T = _templates(templates)
     zq, single = _vector(z, "z", T)
-    alpha = _alpha(alpha)
-    tol, max_iter = _tol(tol, max_iter)
-    fam = _ot_family(u, cost, gamma, T, single)
+    alpha = check_positive(alpha, "alpha")
+    tol = check_positive(tol, "tol")
+    max_iter = check_int(max_iter, "max_iter", 1)
+    fam = _ot_family(u, cost, gamma, T, zq, single, "z")
     bq = zq + fam.prior(zq) @ T
     lam = _solve(bq, T, fam, alpha, tol, max_iter, "auto", "ot_exact_estimate")
     weights = fam.probs(lam @ T.mT)

@@ -393,7 +393,8 @@ def test_gradcheck_closed_forms():
     A = torch.randn(3, 3, generator=g, dtype=f64)
     cov = (A @ A.T).requires_grad_()
     assert gradcheck(lambda mu, b: F.gaussian_estimate(mu, b, 0.5), (mu, b))
-    assert gradcheck(lambda mu, b, c: F.gaussian_estimate(mu, b, 0.5, cov=c), (mu, b, cov))
+    # gradcheck moves one entry at a time; a covariance must stay symmetric, so differentiate along (c + c^T) / 2
+    assert gradcheck(lambda mu, b, c: F.gaussian_estimate(mu, b, 0.5, cov=(c + c.mT) / 2), (mu, b, cov))
     bias = torch.randn(3, 5, generator=g, dtype=f64, requires_grad=True)
     mask = torch.tensor([True, True, False, True, True])
     assert gradcheck(lambda x: F.t5_preference(x, mask), (bias,))
@@ -491,6 +492,59 @@ def test_zero_preference_equals_removing_the_template(prob):
     assert (w[..., -1] == 0).all()
     lam = F.solve_dual(z, T, um, alpha)
     torch.testing.assert_close(lam, F.solve_dual(z, T[:, :-1], um[..., :-1], alpha), atol=1e-9, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# numerics at the edges of the dtype's range
+# ------------------------------------------------------------------------------------------------
+
+
+def test_scores_are_scaled_before_the_product():
+    """float32 z, templates ~ 1e25 with alpha = 1e-50 (below float32's range): <z, t> overflows and alpha
+    rounds to 0 in float32, yet the weights are those of the float64 problem at unit scale."""
+    g = torch.Generator().manual_seed(21)
+    z, T = torch.randn(3, 4, generator=g, dtype=f64), torch.randn(6, 4, generator=g, dtype=f64)
+    ref = torch.softmax(0.7 * z @ T.T, -1)
+    h, w = F.generalized_attention((z * 1e25).float(), (T * 1e25).float(), alpha=0.7e-50)
+    assert w.dtype == torch.float32 and torch.isfinite(h).all()
+    torch.testing.assert_close(w.double(), ref, atol=1e-5, rtol=0)
+    # a zero cost leaves every column of the plan the softmax of the scores: the OT weights are the KL ones
+    _, w_ot = F.ot_attention((z * 1e25).float(), (T * 1e25).float(), None, torch.zeros(6, 6), alpha=0.7e-50, gamma=1.0)
+    torch.testing.assert_close(w_ot.double(), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,gamma", [(f64, 1e-310), (torch.float32, 1e-60)])
+def test_ot_weights_at_vanishing_gamma_are_the_hard_assignment(dtype, gamma):
+    """gamma -> 0 in eq. (25): the mass u_j goes to argmax_i (alpha <t_i, z> - M_ij); and the true
+    preference (40) tends to u when M_jj < M_ij.  Both would be 0 / 0 = NaN without the shift."""
+    g = torch.Generator().manual_seed(22)
+    T, z = torch.randn(5, 3, generator=g, dtype=f64), torch.randn(2, 3, generator=g, dtype=f64)
+    u = rand_pref(5, gen=g)
+    M = torch.cdist(T, T) ** 2
+    _, w = F.ot_attention(z.to(dtype), T.to(dtype), u.to(dtype), M.to(dtype), 0.8, gamma)
+    target = torch.argmax(0.8 * (z @ T.T).unsqueeze(-1) - M, dim=-2)  # (2, n_j): where u_j goes
+    hard = torch.zeros(2, 5, dtype=f64).scatter_add_(-1, target, u.expand(2, 5))
+    torch.testing.assert_close(w.double(), hard, atol=1e-6, rtol=0)
+    torch.testing.assert_close(F.true_preference(u.to(dtype), M.to(dtype), gamma).double(), u, atol=1e-6, rtol=0)
+
+
+def test_gaussian_estimate_and_relative_deviation_near_the_largest_float():
+    big = torch.finfo(f64).max / 2
+    mu, b = torch.tensor([big, -big, 1.0], dtype=f64), torch.tensor([-big, big, 3.0], dtype=f64)
+    h = F.gaussian_estimate(mu, b, 3.0)  # (mu + 3 b) / 4, though b - mu overflows
+    torch.testing.assert_close(h / big, torch.tensor([-0.5, 0.5, 2.5 / big], dtype=f64))
+    x = torch.tensor([3e300, 4e300], dtype=f64)
+    torch.testing.assert_close(F.relative_deviation(x, 0.5 * x), torch.tensor(0.5, dtype=f64))
+
+
+def test_psd_check_of_cov_allows_rounding_but_not_negative_curvature():
+    A = torch.randn(3, 2, generator=torch.Generator().manual_seed(23), dtype=f64)
+    cov = A @ A.T  # singular: one eigenvalue is 0 up to rounding, possibly slightly negative
+    mu, b = torch.zeros(3, dtype=f64), torch.ones(3, dtype=f64)
+    lam = F.gaussian_dual_maximizer(mu, b, 2.0, cov=cov)
+    torch.testing.assert_close(lam, 2.0 * torch.linalg.solve(torch.eye(3, dtype=f64) + 2.0 * cov, b))
+    with pytest.raises(ValueError, match="cov must be positive semi-definite"):
+        F.gaussian_dual_maximizer(mu, b, 0.5, cov=cov - 1e-3 * torch.eye(3, dtype=f64))
 
 
 # ------------------------------------------------------------------------------------------------
