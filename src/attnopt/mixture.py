@@ -38,6 +38,7 @@ from torch import nn
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
+    check_bool,
     check_choice,
     check_finite,
     check_int,
@@ -846,6 +847,13 @@ class MultimodalContinuousAttention(nn.Module):
         penalty: ridge penalty of the value function (0.01 in the thesis).
         padding: optional ``(P, D)`` padding locations for the ridge regression.
         differentiate_em: see above.
+
+    Raises:
+        TypeError: ``basis`` not a :class:`~attnopt.continuous.GaussianRBF`, non-integer counts,
+            ``differentiate_em`` not a bool, non-float ``locations``/``padding``.
+        ValueError: ``n_components`` neither ``"auto"`` nor an int ``>= 1``, more components
+            than locations, an unknown ``init``, negative ``cov_floor``/``penalty``/
+            ``selection_penalty``, ``locations`` or ``padding`` not ``(L, D)`` or not finite.
     """
 
     def __init__(
@@ -881,9 +889,7 @@ class MultimodalContinuousAttention(nn.Module):
         self.n_iter = check_int(n_iter, "n_iter")
         self.cov_floor = check_number(cov_floor, "cov_floor", low=0.0)
         self.penalty = check_number(penalty, "penalty", low=0.0)
-        if not isinstance(differentiate_em, bool):
-            raise TypeError(f"differentiate_em must be a bool; got {type(differentiate_em).__name__}")
-        self.differentiate_em = differentiate_em
+        self.differentiate_em = check_bool(differentiate_em, "differentiate_em")
         self.basis = basis
         locations = as_float_tensor(locations, "locations", min_ndim=2)
         if locations.ndim != 2 or locations.shape[1] != basis.dim:
@@ -945,6 +951,7 @@ class MultimodalContinuousAttention(nn.Module):
         check_shape_match(scores, "scores", self.locations, "locations", [(-1, 0)])
         check_shape_match(values, "values", self.locations, "locations", [(-2, 0)])
         broadcast_shapes(**{"scores (leading dims)": scores.shape[:-1], "values (leading dims)": values.shape[:-2]})
+        return_mixture = check_bool(return_mixture, "return_mixture")
         check_finite(scores, "scores", allow_neg_inf=True)
         check_finite(values, "values")
         # a row with every location masked is fitted on uniform weights and given zero attention

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._validation import check_device, check_int
+from ._validation import check_bool, check_device, check_int
 
 __all__ = ["HUB_MODELS", "AttentionInputs", "attention_inputs", "load_minilm", "load_pretrained"]
 
@@ -181,8 +181,7 @@ def load_pretrained(name="all-MiniLM-L6-v2", *, online=False, device="cpu"):
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a string ('all-MiniLM-L6-v2' or one of {HUB_MODELS}); got {type(name).__name__}")
-    if not isinstance(online, bool):
-        raise TypeError(f"online must be True or False; got {type(online).__name__}")
+    check_bool(online, "online")
     device = check_device(device, "device")
     if name in ("all-MiniLM-L6-v2", "minilm"):
         return load_minilm(device)

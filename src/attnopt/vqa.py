@@ -40,6 +40,7 @@ from torch import nn
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
+    check_bool,
     check_choice,
     check_device,
     check_finite,
@@ -1149,8 +1150,7 @@ def train(
     check_int(epochs, "epochs")
     check_int(batch_size, "batch_size")
     check_int(seed, "seed", -(2**63), 2**64 - 1)
-    if not isinstance(progress, bool):
-        raise TypeError(f"progress must be True or False; got {type(progress).__name__}")
+    check_bool(progress, "progress")
     lr = check_number(lr, "lr", low=0.0, low_open=True)
     weight_decay = check_number(weight_decay, "weight_decay", low=0.0)
     attention_supervision = check_number(attention_supervision, "attention_supervision", low=0.0)
