@@ -63,7 +63,7 @@ def check_scale(scale: str) -> str:
     return check_choice(scale, "scale", SCALES)
 
 
-#: The seeds :func:`seed_everything` accepts: those of ``torch.manual_seed``.
+#: The range of seeds that seed_everything accepts, that of ``torch.manual_seed``.
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
