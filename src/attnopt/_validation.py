@@ -43,10 +43,13 @@ import torch
 
 __all__ = [
     "CHECK_MODES",
+    "all_finite",
     "as_float_tensor",
     "broadcast_shapes",
+    "check_bool",
     "check_bool_mask",
     "check_choice",
+    "check_device",
     "check_dim",
     "check_finite",
     "check_int",
@@ -54,6 +57,7 @@ __all__ = [
     "check_number",
     "check_positive",
     "check_probability_vector",
+    "check_psd",
     "check_same_device",
     "check_same_dtype",
     "check_shape_match",
@@ -149,6 +153,18 @@ def require(condition: torch.Tensor, message: str, *, error: type[Exception] = V
             raise error(message)
         return
     torch._assert_async(condition, message)
+
+
+def all_finite(x: torch.Tensor) -> torch.Tensor:
+    """The 0-dim condition "every entry of ``x`` is finite" for :func:`require`, in one reduction.
+
+    ``torch.aminmax`` propagates NaN and sees both infinities in a single pass (about ten times
+    faster on the CPU than ``torch.isfinite(x).all()``); an empty ``x`` is finite.  No host read.
+    """
+    if x.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=x.device)
+    low, high = torch.aminmax(x)
+    return (low > -math.inf) & (high < math.inf)
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,84 +330,6 @@ def check_choice(value, name: str, options: Sequence):
     return value
 
 
-# --------------------------------------------------------------------------------------------
-# Data checks (through `require`: no host read off the CPU unless asked for)
-# --------------------------------------------------------------------------------------------
-
-
-def check_finite(x: torch.Tensor, name: str, *, allow_neg_inf: bool = False) -> None:
-    """Raise ``ValueError`` if ``x`` holds NaN or ±inf (``-inf`` allowed when asked), per :func:`require`."""
-    if not x.is_floating_point() or x.numel() == 0 or _mode == "off":
-        return
-    if not host_reads_allowed(x):
-        # One reduction, no read: the maximum is NaN or +inf exactly when a NaN or +inf is present.
-        ok = x.amax() < math.inf if allow_neg_inf else torch.isfinite(x).all()
-        what = "NaN or +inf" if allow_neg_inf else "NaN or infinite values"
-        require(ok, f"{name} contains {what}")
-        return
-    # Fast path, one pass and one read: NaN and ±inf propagate through a sum (inf - inf = NaN), so a
-    # finite sum proves every entry finite.  A failed fast check (or an overflowing sum) gets the
-    # exact checks and their message.
-    if bool(x.amax() < math.inf) if allow_neg_inf else bool(torch.isfinite(x.sum())):
-        return
-    if torch.isnan(x).any():
-        raise ValueError(f"{name} contains NaN")
-    bad = torch.isposinf(x) if allow_neg_inf else torch.isinf(x)
-    if bad.any():
-        what = "+inf" if allow_neg_inf else "infinite values"
-        raise ValueError(f"{name} contains {what}")
-
-
-def check_nonnegative(x: torch.Tensor, name: str, *, what: str = "") -> None:
-    """Raise ``ValueError`` if ``x`` holds a negative entry or NaN (per :func:`require`)."""
-    if x.numel() == 0:
-        return
-    # NaN >= 0 is False, so one reduction catches both.
-    require((x >= 0).all(), f"{name} must be non-negative{what}; found a negative entry or NaN")
-
-
-def check_probability_vector(p: torch.Tensor, name: str, *, dim: int = -1, atol: float | None = None) -> None:
-    """Check that ``p`` is non-negative and sums to one along ``dim`` (per :func:`require`)."""
-    check_nonnegative(p, name)
-    if atol is None:
-        atol = 1e-3 if p.dtype in (torch.float16, torch.bfloat16) else (1e-5 if p.dtype == torch.float32 else 1e-10)
-    if p.numel() == 0:
-        return
-    off = (p.sum(dim=dim) - 1).abs()
-    if host_reads_allowed(p):
-        if not bool((off <= atol).all()):
-            raise ValueError(f"{name} must sum to 1 along dim {dim}; off by up to {off.max().item():.3g}")
-        return
-    require((off <= atol).all(), f"{name} must sum to 1 along dim {dim} (within {atol:g})")
-
-
-def check_spd(S: torch.Tensor, name: str) -> None:
-    """Check ``S`` has shape ``(..., D, D)`` (always) and holds finite symmetric positive-definite matrices.
-
-    Symmetry is relative: ``|S - S^T| <= sqrt(eps) max|S|``.  Positive definiteness is a Cholesky
-    factorization in at least float32 (half precision has none).
-    """
-    if S.ndim < 2 or S.shape[-1] != S.shape[-2]:
-        raise ValueError(f"{name} must have shape (..., D, D) with square trailing dimensions; got {tuple(S.shape)}")
-    check_finite(S, name)
-    if S.numel() == 0 or _mode == "off":
-        return
-    work = S.to(torch.float32) if S.dtype in (torch.float16, torch.bfloat16) else S
-    scale = work.abs().amax().clamp_min(torch.finfo(work.dtype).tiny)
-    tol = math.sqrt(torch.finfo(work.dtype).eps)
-    asym = (work - work.transpose(-1, -2)).abs().amax()
-    if host_reads_allowed(S):
-        if bool(asym > tol * scale):
-            raise ValueError(
-                f"{name} must be symmetric; max |{name} - {name}^T| = {asym.item():.3g} "
-                f"(relative {(asym / scale).item():.3g} > {tol:.1g})"
-            )
-    else:
-        require(asym <= tol * scale, f"{name} must be symmetric (relative asymmetry above {tol:.1g})")
-    _, info = torch.linalg.cholesky_ex(0.5 * (work + work.transpose(-1, -2)))
-    require((info == 0).all(), f"{name} must be positive definite; at least one matrix is not (Cholesky failed)")
-
-
 def check_bool(value, name: str) -> bool:
     """Return ``value`` after checking it is a bool (NumPy's ``bool_`` included); ``TypeError`` otherwise.
 
@@ -439,19 +377,68 @@ def check_device(device, name: str = "device", *, auto: bool = False) -> torch.d
     return dev
 
 
-def check_psd(S: torch.Tensor, name: str) -> None:
-    """Check ``S`` has shape ``(..., D, D)`` (always) and holds finite symmetric positive *semi*-definite matrices.
+# --------------------------------------------------------------------------------------------
+# Data checks (through `require`: no host read off the CPU unless asked for)
+# --------------------------------------------------------------------------------------------
 
-    Symmetry as in :func:`check_spd`.  Semi-definiteness up to the same relative tolerance, per matrix: a
-    Cholesky factorization of ``S + sqrt(eps) max|S| I`` succeeds, so ``S = 0`` and a rank-deficient
-    covariance whose zero eigenvalues round-off made slightly negative pass, and an eigenvalue below
-    ``-sqrt(eps) max|S|`` fails.
+
+def check_finite(x: torch.Tensor, name: str, *, allow_neg_inf: bool = False) -> None:
+    """Raise ``ValueError`` if ``x`` holds NaN or ±inf (``-inf`` allowed when asked), per :func:`require`."""
+    if not x.is_floating_point() or x.numel() == 0 or _mode == "off":
+        return
+    if not host_reads_allowed(x):
+        # One reduction, no read: the maximum is NaN or +inf exactly when a NaN or +inf is present.
+        ok = x.amax() < math.inf if allow_neg_inf else all_finite(x)
+        what = "NaN or +inf" if allow_neg_inf else "NaN or infinite values"
+        require(ok, f"{name} contains {what}")
+        return
+    # Fast path, one pass and one read: NaN and ±inf propagate through a sum (inf - inf = NaN), so a
+    # finite sum proves every entry finite.  A failed fast check (or an overflowing sum) gets the
+    # exact checks and their message.
+    if bool(x.amax() < math.inf) if allow_neg_inf else bool(torch.isfinite(x.sum())):
+        return
+    if torch.isnan(x).any():
+        raise ValueError(f"{name} contains NaN")
+    bad = torch.isposinf(x) if allow_neg_inf else torch.isinf(x)
+    if bad.any():
+        what = "+inf" if allow_neg_inf else "infinite values"
+        raise ValueError(f"{name} contains {what}")
+
+
+def check_nonnegative(x: torch.Tensor, name: str, *, what: str = "") -> None:
+    """Raise ``ValueError`` if ``x`` holds a negative entry or NaN (per :func:`require`)."""
+    if x.numel() == 0:
+        return
+    # NaN >= 0 is False, so one reduction catches both.
+    require((x >= 0).all(), f"{name} must be non-negative{what}; found a negative entry or NaN")
+
+
+def check_probability_vector(p: torch.Tensor, name: str, *, dim: int = -1, atol: float | None = None) -> None:
+    """Check that ``p`` is non-negative and sums to one along ``dim`` (per :func:`require`)."""
+    check_nonnegative(p, name)
+    if atol is None:
+        atol = 1e-3 if p.dtype in (torch.float16, torch.bfloat16) else (1e-5 if p.dtype == torch.float32 else 1e-10)
+    if p.numel() == 0:
+        return
+    off = (p.sum(dim=dim) - 1).abs()
+    if host_reads_allowed(p):
+        if not bool((off <= atol).all()):
+            raise ValueError(f"{name} must sum to 1 along dim {dim}; off by up to {off.max().item():.3g}")
+        return
+    require((off <= atol).all(), f"{name} must sum to 1 along dim {dim} (within {atol:g})")
+
+
+def _symmetric_work(S: torch.Tensor, name: str) -> torch.Tensor | None:
+    """Shape, finiteness and symmetry checks shared by :func:`check_spd` and :func:`check_psd`.
+
+    Returns ``S`` in at least float32 (half precision has no Cholesky), or None when there is
+    nothing more to check.  Symmetry is relative: ``|S - S^T| <= sqrt(eps) max|S|``.
     """
     if S.ndim < 2 or S.shape[-1] != S.shape[-2]:
         raise ValueError(f"{name} must have shape (..., D, D) with square trailing dimensions; got {tuple(S.shape)}")
     check_finite(S, name)
     if S.numel() == 0 or _mode == "off":
-        return
+        return None
     work = S.to(torch.float32) if S.dtype in (torch.float16, torch.bfloat16) else S
     scale = work.abs().amax().clamp_min(torch.finfo(work.dtype).tiny)
     tol = math.sqrt(torch.finfo(work.dtype).eps)
@@ -464,19 +451,34 @@ def check_psd(S: torch.Tensor, name: str) -> None:
             )
     else:
         require(asym <= tol * scale, f"{name} must be symmetric (relative asymmetry above {tol:.1g})")
+    return 0.5 * (work + work.transpose(-1, -2))
+
+
+def check_spd(S: torch.Tensor, name: str) -> None:
+    """Check ``S`` has shape ``(..., D, D)`` (always) and holds finite symmetric positive-definite matrices.
+
+    Positive definiteness is a Cholesky factorization in at least float32.
+    """
+    work = _symmetric_work(S, name)
+    if work is None:
+        return
+    _, info = torch.linalg.cholesky_ex(work)
+    require((info == 0).all(), f"{name} must be positive definite; at least one matrix is not (Cholesky failed)")
+
+
+def check_psd(S: torch.Tensor, name: str) -> None:
+    """Check ``S`` has shape ``(..., D, D)`` (always) and holds finite symmetric positive *semi*-definite matrices.
+
+    Semi-definiteness up to the symmetry tolerance, per matrix: a Cholesky factorization of
+    ``S + sqrt(eps) max|S| I`` succeeds, so ``S = 0`` and a rank-deficient covariance whose zero
+    eigenvalues round-off made slightly negative pass, and an eigenvalue below ``-sqrt(eps) max|S|``
+    fails.
+    """
+    work = _symmetric_work(S, name)
+    if work is None:
+        return
+    tol = math.sqrt(torch.finfo(work.dtype).eps)
     eye = torch.eye(S.shape[-1], dtype=work.dtype, device=work.device)
     per_matrix = work.abs().amax((-2, -1), keepdim=True).clamp_min(torch.finfo(work.dtype).tiny)
-    _, info = torch.linalg.cholesky_ex(0.5 * (work + work.transpose(-1, -2)) + (tol * per_matrix) * eye)
+    _, info = torch.linalg.cholesky_ex(work + (tol * per_matrix) * eye)
     require((info == 0).all(), f"{name} must be positive semi-definite; at least one matrix has a negative eigenvalue")
-
-
-def all_finite(x: torch.Tensor) -> torch.Tensor:
-    """The 0-dim condition "every entry of ``x`` is finite" for :func:`require`, in one reduction.
-
-    ``torch.aminmax`` propagates NaN and sees both infinities in a single pass (about ten times
-    faster on the CPU than ``torch.isfinite(x).all()``); an empty ``x`` is finite.  No host read.
-    """
-    if x.numel() == 0:
-        return torch.ones((), dtype=torch.bool, device=x.device)
-    low, high = torch.aminmax(x)
-    return (low > -math.inf) & (high < math.inf)

@@ -181,5 +181,5 @@ def test_plotting_heatmap_rejects_bad_shape():
     assert matplotlib.rcParams["savefig.facecolor"] == "white"  # legible in the dark theme
     ax = plotting.attention_heatmap(torch.softmax(torch.randn(3, 4), -1), row_labels=list("abc"), annotate=True)
     assert len(ax.images) == 1
-    with pytest.raises(ValueError, match="weights must be a 2-D"):
+    with pytest.raises(ValueError, match="weights must be a non-empty 2-D"):
         plotting.attention_heatmap(torch.ones(2, 2, 2))
