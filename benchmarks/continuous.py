@@ -28,21 +28,34 @@ differentiating under the integral), for all 64 batch elements and for the hard 
 (near-uniform weights; mass on four, two or one corners of the image).  The slice reference is itself
 checked against dblquad on the entries dblquad computes.
 
+Also timed: the read-free variant of the default rule (what runs where host reads are not allowed:
+on a GPU, or under ``attnopt.checks("async")``), and with ``--baseline-commit SHA`` the adaptive rule of
+that commit of ``src/attnopt/continuous.py`` (loaded from git into a temporary package), interleaved with
+ours.  A second table measures the default and read-free rules over the regimes of issue 14 (tiny,
+needle-like and huge scales, basis functions far away) against SciPy ``dblquad`` in the coordinates of
+the unit disk.
+
 Run:  python benchmarks/continuous.py  [--threads K] [--literal] [--top K] [--device cpu|cuda]
+                                        [--baseline-commit SHA]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils import benchmark
 
+import attnopt
 from attnopt import continuous as C
 from attnopt.continuous import GaussianRBF, continuous_sparsemax, grid_locations, moment_match
 
@@ -232,6 +245,7 @@ def main():
     ap.add_argument("--literal", action="store_true", help="also time Alg. 4's j-then-angle backward loop (slow)")
     ap.add_argument("--top", type=int, default=8, help="basis functions per case checked with dblquad")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (timings; accuracy is always checked on the CPU)")
+    ap.add_argument("--baseline-commit", default=None, help="also time continuous_sparsemax of this git commit")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
@@ -261,7 +275,23 @@ def main():
             alg4_forward(mu, Sigma, cen, cov)
             alg4_backward(g, mu, Sigma, cen, cov)
 
-        t = {"alg4": timeit(baseline, 5.0 if dtype == torch.float32 else 2.0), "default": timeit(ours, 2.0)}
+        def read_free():
+            with attnopt.checks("async"):
+                ours()
+
+        t = {"alg4": timeit(baseline, 5.0 if dtype == torch.float32 else 2.0), "default": timeit(ours, 2.0),
+             "read_free": timeit(read_free, 2.0)}
+        if args.baseline_commit:
+            old = load_commit(args.baseline_commit)
+            old_basis = old.GaussianRBF.grid(n_side, sig, dim=2, dtype=dtype, device=dev)
+
+            def theirs():
+                m, S = mu.clone().requires_grad_(), Sigma.clone().requires_grad_()
+                old.continuous_sparsemax(m, S, old_basis).backward(g)
+
+            runs = [(timeit(theirs, 1.0), timeit(ours, 1.0)) for _ in range(3)]  # interleaved
+            t["baseline"] = sorted(x for x, _ in runs)[1]
+            t["default_interleaved"] = sorted(y for _, y in runs)[1]
         if dtype == torch.float32:
             t.update({n: timeit(lambda n=n: ours(n_quadrature=n), 2.0) for n in fixed})
             if args.literal:
@@ -269,9 +299,7 @@ def main():
                 alg4_forward(mu, Sigma, cen, cov)
                 alg4_backward_literal(g, mu, Sigma, cen, cov)
                 t["literal"] = time.perf_counter() - t0
-        mu_f, Sigma_f, c_f, v_f, _, _ = C._prepare(mu, Sigma, basis, "benchmark")
-        t["info"] = C._ball_moments_2d_adaptive(C._setup_2d(mu_f, Sigma_f, c_f, v_f)[-1], C._default_tol(dtype),
-                                                C.DEFAULT_MAX_QUADRATURE)[-1]
+        t["info"] = C._sparsemax_diagnostics(mu, Sigma, basis)
         times[dtype] = t
 
     # ---- accuracy, float64 on the CPU
@@ -309,8 +337,10 @@ def main():
     methods = {
         "alg4": lambda m, S: Alg4.apply(m, S, basis64.centers, basis64.covariance),
         "default": lambda m, S: continuous_sparsemax(m, S, basis64),
+        "read_free": lambda m, S: read_free_sparsemax(m, S, basis64),
         **{n: (lambda m, S, n=n: continuous_sparsemax(m, S, basis64, n_quadrature=n)) for n in fixed},
         "default32": lambda m, S: continuous_sparsemax(m.float(), S.float(), basis32),
+        "read_free32": lambda m, S: read_free_sparsemax(m.float(), S.float(), basis32),
     }
     err = {}
     for name, fn in methods.items():
@@ -342,14 +372,26 @@ def main():
     info = t32["info"]
     row("**ours, default**", f"adaptive, tol = {C._default_tol(torch.float32):.1e} in f32 / {C.DEFAULT_TOL:.0e} in f64",
         t32["default"], err["default"])
+    row("ours, read-free", "same masks and windows, then 4 m angles for every pair (no host read)",
+        t32["read_free"], err["read_free"])
     e32 = err["default32"]
     print(f"\nDefault rule in float32 (errors of the float32 output): r vs dblquad {e32['dblquad']:.1e}; r, grad vs SciPy "
           f"{e32['r']:.1e}, {e32['grad']:.1e}; hard cases {e32['hard_r']:.1e}, {e32['hard_grad']:.1e}.")
+    e32 = err["read_free32"]
+    print(f"Read-free rule in float32: r vs dblquad {e32['dblquad']:.1e}; r, grad vs SciPy "
+          f"{e32['r']:.1e}, {e32['grad']:.1e}; hard cases {e32['hard_r']:.1e}, {e32['hard_grad']:.1e}.")
     for dtype, t in ((torch.float32, t32), (torch.float64, t64)):
-        info = t["info"]
-        print(f"Adaptive rule, {str(dtype)[6:]}: of {info['pairs']} (ellipse, basis) pairs {info['closed_form']} in closed form, "
-              f"{info['skipped']} provably negligible, {info['quadrature']} by quadrature; {info['nodes'] / info['pairs']:.1f} "
-              f"angular nodes per pair on average, {info['rounds']} refinement rounds.")
+        l1, sl = t["info"]["lemma1"], t["info"]["slices"]
+        pairs = t["info"]["pairs"]
+        print(f"Adaptive rule, {str(dtype)[6:]}: of {pairs} (ellipse, basis) pairs, Lemma 1: {l1['closed_form']} in closed "
+              f"form, {l1['skipped']} provably negligible, {l1['quadrature']} by quadrature ({l1['nodes'] / pairs:.1f} angular "
+              f"nodes per pair on average, {l1['rounds']} refinement rounds); slices: {sl['skipped']} negligible, "
+              f"{sl['quadrature']} by quadrature ({sl['nodes']} angles, {sl['chord_nodes']} chord nodes).")
+        print(f"Read-free rule, {str(dtype)[6:]}: fwd+bwd {t['read_free'] * 1e3:.1f} ms against {t['default'] * 1e3:.1f} ms "
+              f"for the adaptive rule ({t['read_free'] / t['default']:.1f}x).")
+        if "baseline" in t:
+            print(f"Baseline {args.baseline_commit} (adaptive rule), {str(dtype)[6:]}, interleaved: {t['baseline'] * 1e3:.1f} ms; "
+                  f"ours {t['default_interleaved'] * 1e3:.1f} ms ({t['default_interleaved'] / t['baseline']:.2f}x its time).")
     print(f"float64 fwd+bwd: Alg. 4 loop {t64['alg4'] * 1e3:.1f} ms, ours (default) {t64['default'] * 1e3:.1f} ms, "
           f"speed-up {t64['alg4'] / t64['default']:.1f}x.")
     print(f"\nSpeed-up = time(Alg. 4 angle loop) / time(method), float32, medians of torch.utils.benchmark.Timer. "
@@ -357,7 +399,80 @@ def main():
           f"entries of 2 batch elements (dblquad epsrel 1e-12, {t_dbl:.0f} s); r and the (mu, Sigma)-gradient against the "
           f"slice reference for all 64 ellipses, and for the 4 hard cases ({t_ref:.0f} s; it agrees with dblquad to "
           f"{slice_vs_dbl:.1e}).")
+    regimes_table()
     print(f"script time {time.time() - t_start:.0f} s")
+
+
+def read_free_sparsemax(mu, Sigma, basis):
+    """continuous_sparsemax as it runs where host reads are not allowed (a GPU, or checks mode "async")."""
+    with attnopt.checks("async"):
+        return continuous_sparsemax(mu, Sigma, basis)
+
+
+def load_commit(commit):
+    """attnopt.continuous (and the _validation it imports) of a git commit, as a temporary package."""
+    root = Path(__file__).resolve().parent.parent
+    pkg = Path(tempfile.mkdtemp()) / f"attnopt_{commit[:8]}"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in ("continuous.py", "_validation.py"):
+        text = subprocess.run(["git", "show", f"{commit}:src/attnopt/{name}"], cwd=root, check=True,
+                              capture_output=True, text=True).stdout
+        (pkg / name).write_text(text)
+    sys.path.insert(0, str(pkg.parent))
+    return importlib.import_module(f"{pkg.name}.continuous")
+
+
+def disk_reference(mu, Sigma, centre, cov):
+    """r_j = E_w[psi_j(mu + M u)] by dblquad over the unit disk, w = (1 - |u|^2) / (pi / 2),
+    M = sqrt(-2 lambda) chol(Sigma), in NumPy/SciPy (float64)."""
+    from scipy import integrate
+
+    d = 2
+    minus_lam = (math.gamma(d / 2 + 2) / math.sqrt(np.linalg.det(2 * math.pi * Sigma))) ** (2 / (d + 2))
+    M = math.sqrt(2 * minus_lam) * np.linalg.cholesky(Sigma)
+    Vi, norm = np.linalg.inv(cov), 1 / math.sqrt(np.linalg.det(2 * math.pi * cov))
+
+    def f(y, x):
+        e = mu + M @ np.array([x, y]) - centre
+        return (1 - x * x - y * y) * norm * math.exp(-0.5 * e @ Vi @ e)
+
+    h = lambda x: math.sqrt(max(1 - x * x, 0.0))  # noqa: E731
+    return integrate.dblquad(f, -1, 1, lambda x: -h(x), h, epsabs=0, epsrel=1e-11)[0] / (math.pi / 2)
+
+
+def regimes_table():
+    """Default and read-free rules against dblquad over the regimes of issue 14 (the 4 largest entries)."""
+    R = lambda a: np.array([[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]])  # noqa: E731
+    b3 = GaussianRBF.grid(3, 0.3, dim=2, dtype=torch.float64)
+    vqa = GaussianRBF.grid(10, 0.001**0.5, dim=2, dtype=torch.float64)
+    cases = [(f"tiny, {s:g} I", (0.52, 0.47), s * np.eye(2), b) for s in (1e-6, 1e-12, 1e-20) for b in (b3, vqa)]
+    cases += [("tiny, 1e-30 I (float64 only)", (0.52, 0.47), 1e-30 * np.eye(2), vqa)]
+    cases += [(f"needle, axes 0.02 and {0.02 * k:g}", (0.45, 0.55), R(0.4) @ np.diag([0.02, 0.02 * k]) @ R(0.4).T, vqa)
+              for k in (1e-2, 1e-4)]
+    cases += [(f"huge, {s:g} I", (0.5, 0.5), s * np.eye(2), vqa) for s in (1e1, 1e6)]
+    cases += [(f"basis far away, mu = (3, -2), {s:g} I", (3.0, -2.0), s * np.eye(2), b3) for s in (1e-6, 1e-2, 1.0)]
+    print("\n# Regimes of issue 14: largest relative error of the 4 largest entries of r against dblquad\n")
+    print("| case | basis | default f64 | read-free f64 | default f32 | read-free f32 |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, mu, Sigma, basis in cases:
+        mu64 = torch.tensor(mu, dtype=torch.float64)
+        errs = []
+        idx = continuous_sparsemax(mu64, torch.tensor(Sigma), basis).argsort(descending=True)[:4]
+        for dtype in (torch.float64, torch.float32):
+            if dtype == torch.float32 and np.abs(Sigma).max() < 1e-20:
+                errs += ["", ""]
+                continue
+            b = GaussianRBF(basis.centers.to(dtype), covariance=basis.covariance.to(dtype))
+            m, S = mu64.to(dtype), torch.tensor(Sigma, dtype=dtype)
+            # the reference sees the input as rounded to dtype (a needle's scale is ill-conditioned)
+            ref = np.array([disk_reference(m.double().numpy(), S.double().numpy(), basis.centers[j].numpy(),
+                                           basis.covariance[j].numpy()) for j in idx.tolist()])
+            for fn in (continuous_sparsemax, read_free_sparsemax):
+                r = fn(m, S, b).double()[idx].numpy()
+                errs.append(f"{np.abs(r - ref).max() / np.abs(ref).max():.1e}")
+        label = "3x3, sigma 0.3" if basis is b3 else "10x10, sigma^2 0.001"
+        print(f"| {name} | {label} | " + " | ".join(errs) + " |")
 
 
 class Alg4(torch.autograd.Function):

@@ -41,14 +41,31 @@ gradient flows to its centers or covariances.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ._validation import as_float_tensor, check_finite, check_int, check_positive, check_shape_match
+from ._validation import (
+    as_float_tensor,
+    broadcast_shapes,
+    check_choice,
+    check_finite,
+    check_int,
+    check_nonnegative,
+    check_number,
+    check_positive,
+    check_psd,
+    check_same_device,
+    check_same_dtype,
+    check_shape_match,
+    check_spd,
+    host_reads_allowed,
+    require,
+)
 
 __all__ = [
     "DEFAULT_MAX_QUADRATURE",
@@ -88,35 +105,49 @@ def _sym(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (x + x.transpose(-1, -2))
 
 
+def _chol_solve(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``(L L^T)^{-1} B`` by two triangular solves (``cholesky_solve`` reads an error flag back to the host)."""
+    y = torch.linalg.solve_triangular(L, B, upper=False)
+    return torch.linalg.solve_triangular(L.transpose(-1, -2), y, upper=True)
+
+
+def _chol_inverse(L: torch.Tensor) -> torch.Tensor:
+    """``(L L^T)^{-1}`` from the Cholesky factor ``L``, without host reads."""
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
+    L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
+    return L_inv.transpose(-1, -2) @ L_inv
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     # erf/erfc/cholesky are not implemented (or are too coarse) in half precision
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _check_spd(S: torch.Tensor, name: str) -> None:
-    """Raise ``ValueError`` unless every ``(..., D, D)`` matrix of ``S`` is symmetric positive definite."""
-    if S.ndim < 2 or S.shape[-1] != S.shape[-2]:
-        raise ValueError(f"{name} must have shape (..., D, D) with square trailing dimensions; got {tuple(S.shape)}")
-    check_finite(S, name)
-    if S.numel() == 0:
-        return
-    scale = S.abs().amax().clamp_min(torch.finfo(S.dtype).tiny)
-    tol = math.sqrt(torch.finfo(S.dtype).eps)
-    asym = (S - S.transpose(-1, -2)).abs().amax()
-    if asym > tol * scale:
-        raise ValueError(
-            f"{name} must be symmetric; max |{name} - {name}^T| = {asym.item():.3g} "
-            f"(relative {(asym / scale).item():.3g} > {tol:.1g})"
-        )
-    _, info = torch.linalg.cholesky_ex(_sym(S).to(_compute_dtype(S.dtype)))
-    if (info > 0).any():
-        raise ValueError(f"{name} must be positive definite; at least one matrix is not (Cholesky failed)")
+def _as_list(value, name: str, kind) -> list:
+    """A number or a sequence of numbers as a list (``TypeError`` naming ``name`` otherwise)."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist() if value.ndim else [value.item()]
+    if isinstance(value, kind) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a number or a sequence of numbers; got {type(value).__name__}")
+    return list(value)
 
 
-def _check_family(family: str) -> str:
-    if family not in _FAMILIES:
-        raise ValueError(f"family must be one of {_FAMILIES}; got {family!r}")
-    return family
+def _check_bounds(low, high) -> tuple[float, float]:
+    low, high = check_number(low, "low"), check_number(high, "high")
+    if not high > low:
+        raise ValueError(f"high must be > low; got low={low}, high={high}")
+    return low, high
+
+
+def _check_float_dtype(dtype) -> torch.dtype:
+    """``dtype`` (default: torch's default dtype) after checking it is a floating dtype."""
+    if dtype is None:
+        return torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32); got {dtype!r}")
+    return dtype
 
 
 def _gaussian_const(d: int) -> float:
@@ -135,31 +166,24 @@ def truncated_paraboloid_threshold(Sigma: torch.Tensor) -> torch.Tensor:
         Sigma: ``(..., D, D)`` symmetric positive-definite scale matrices.
 
     Returns:
-        ``(...)`` tensor of :math:`\lambda` (negative).
+        ``(...)`` tensor of :math:`\lambda` (negative), in the dtype of ``Sigma``.
 
     Raises:
-        ValueError: if ``Sigma`` is not square.
+        ValueError: if ``Sigma`` is not square, not finite, or not symmetric positive definite (a
+            singular scale has :math:`\lambda=-\infty`).
+        TypeError: if ``Sigma`` is not a floating-point tensor.
+
+    Example:
+        >>> round(truncated_paraboloid_threshold(torch.eye(2)).item(), 4)   # -(2 / (2 pi))^(1/2)
+        -0.5642
     """
     Sigma = as_float_tensor(Sigma, "Sigma", min_ndim=2)
-    if Sigma.shape[-1] != Sigma.shape[-2]:
-        raise ValueError(f"Sigma must have shape (..., D, D); got {tuple(Sigma.shape)}")
+    check_spd(Sigma, "Sigma")
     d = Sigma.shape[-1]
-    logdet = torch.logdet(Sigma)
-    log_minus_lam = (2.0 / (d + 2)) * (math.log(_gaussian_const(d)) - 0.5 * logdet)
-    return -torch.exp(log_minus_lam)
-
-
-def _theta_grad_to_mu_sigma(g1, g2, mu, Sigma_inv):
-    r"""Chain :math:`\partial\mathcal L/\partial\theta` to :math:`(\mu,\Sigma)` for
-    :math:`\theta_1=\Sigma^{-1}\mu`, :math:`\theta_2=-\frac12\Sigma^{-1}`:
-    :math:`\bar\mu=\Sigma^{-1}\bar\theta_1`,
-    :math:`\bar\Sigma=\operatorname{sym}(-\Sigma^{-1}\bar\theta_1\mu^\top\Sigma^{-1}
-    +\frac12\Sigma^{-1}\bar\theta_2\Sigma^{-1})`."""
-    a = (Sigma_inv @ g1.unsqueeze(-1)).squeeze(-1)
-    m = (Sigma_inv @ mu.unsqueeze(-1)).squeeze(-1)
-    grad_mu = a
-    grad_Sigma = -a.unsqueeze(-1) * m.unsqueeze(-2) + 0.5 * Sigma_inv @ _sym(g2) @ Sigma_inv
-    return grad_mu, _sym(grad_Sigma)
+    L = torch.linalg.cholesky_ex(_sym(Sigma).to(_compute_dtype(Sigma.dtype)))[0]
+    half_logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+    log_minus_lam = (2.0 / (d + 2)) * (math.log(_gaussian_const(d)) - half_logdet)
+    return (-torch.exp(log_minus_lam)).to(Sigma.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,8 +231,8 @@ class GaussianRBF(nn.Module):
         if sigma is not None:
             sigma = as_float_tensor(sigma, "sigma", like=centers).to(device=centers.device, dtype=centers.dtype)
             check_finite(sigma, "sigma")
-            if (sigma <= 0).any():
-                raise ValueError("sigma (standard deviations) must be > 0")
+            if sigma.numel():
+                require((sigma > 0).all(), "sigma (standard deviations) must be > 0")
             if sigma.ndim == 0:
                 sigma = sigma.expand(n, d)
             elif sigma.ndim == 1:
@@ -225,7 +249,7 @@ class GaussianRBF(nn.Module):
                 cov = cov.expand(n, d, d)
             if cov.shape != (n, d, d):
                 raise ValueError(f"covariance must have shape (D, D) or (N, D, D)=({n}, {d}, {d}); got {tuple(cov.shape)}")
-            _check_spd(cov, "covariance")
+            check_spd(cov, "covariance")
             cov = _sym(cov)
         self.register_buffer("centers", centers.clone())
         self.register_buffer("covariance", cov.contiguous().clone())
@@ -260,20 +284,25 @@ class GaussianRBF(nn.Module):
             A :class:`GaussianRBF` with ``N = sum_k n_per_axis[k] ** dim`` functions.
 
         Raises:
-            ValueError: on non-positive sizes or standard deviations, or mismatched lengths.
+            ValueError: on non-positive sizes or standard deviations, mismatched lengths, or
+                ``high <= low``.
+            TypeError: for non-integer sizes, non-numeric standard deviations or bounds, or a
+                non-floating ``dtype``.
         """
         dim = check_int(dim, "dim")
-        sig = [sigmas] if isinstance(sigmas, (int, float)) else list(sigmas)
+        sig = _as_list(sigmas, "sigmas", numbers.Real)
         if len(sig) == 0:
             raise ValueError("sigmas must hold at least one standard deviation")
         sig = [check_positive(s, "sigmas") for s in sig]
-        ns = [n_per_axis] * len(sig) if isinstance(n_per_axis, int) else list(n_per_axis)
+        if isinstance(n_per_axis, numbers.Integral):
+            ns = [n_per_axis] * len(sig)
+        else:
+            ns = _as_list(n_per_axis, "n_per_axis", numbers.Integral)
         if len(ns) != len(sig):
             raise ValueError(f"n_per_axis has {len(ns)} entries but sigmas has {len(sig)}")
         ns = [check_int(n, "n_per_axis") for n in ns]
-        if not high > low:
-            raise ValueError(f"high must be > low; got low={low}, high={high}")
-        dtype = dtype or torch.get_default_dtype()
+        low, high = _check_bounds(low, high)
+        dtype = _check_float_dtype(dtype)
         centers, stds = [], []
         for n, s in zip(ns, sig):  # levels: a handful, not a hot path
             c = grid_locations(n, dim, low=low, high=high, dtype=dtype, device=device)
@@ -332,11 +361,21 @@ def grid_locations(
     for ``features.flatten(-3, -2)`` of a ``(..., H, W, C)`` map.
 
     Returns:
-        ``(n_per_axis ** dim, dim)`` tensor.
+        ``(n_per_axis ** dim, dim)`` tensor (a single point, ``low``, for ``n_per_axis=1``).
+
+    Raises:
+        ValueError: if ``n_per_axis`` or ``dim`` is below 1, or ``high <= low``.
+        TypeError: if they are not ints, the bounds are not real numbers, or ``dtype`` is not a
+            floating dtype.
+
+    Example:
+        >>> grid_locations(3, dim=1).flatten().tolist()
+        [0.0, 0.5, 1.0]
     """
     n_per_axis = check_int(n_per_axis, "n_per_axis")
     dim = check_int(dim, "dim")
-    axis = torch.linspace(low, high, n_per_axis, dtype=dtype or torch.get_default_dtype(), device=device)
+    low, high = _check_bounds(low, high)
+    axis = torch.linspace(low, high, n_per_axis, dtype=_check_float_dtype(dtype), device=device)
     mesh = torch.meshgrid(*([axis] * dim), indexing="ij")
     return torch.stack([m.reshape(-1) for m in mesh], dim=-1)
 
@@ -359,18 +398,26 @@ def padding_locations(
 
     Returns:
         ``(P, dim)`` tensor of padding locations.
+
+    Raises:
+        ValueError: if ``n_per_axis < 2`` (no grid step), ``dim < 1`` or ``high <= low``.
+        TypeError: if they are not ints, the bounds are not real numbers, or ``dtype`` is not a
+            floating dtype.
+
+    Example:
+        >>> padding_locations(3, dim=1).flatten().tolist()
+        [-0.5, 1.5]
     """
-    n_per_axis = check_int(n_per_axis, "n_per_axis")
+    n_per_axis = check_int(n_per_axis, "n_per_axis", minimum=2)
     dim = check_int(dim, "dim")
-    if n_per_axis < 2:
-        raise ValueError("padding needs n_per_axis >= 2 (a grid step)")
+    low, high = _check_bounds(low, high)
+    dtype = _check_float_dtype(dtype)
     step = (high - low) / (n_per_axis - 1)
     m = int(round(0.5 * (high - low) / step))
     k = torch.arange(-m, n_per_axis + m, device=device)
     mesh = torch.meshgrid(*([k] * dim), indexing="ij")
     idx = torch.stack([g.reshape(-1) for g in mesh], dim=-1)
     outside = ((idx < 0) | (idx > n_per_axis - 1)).any(-1)
-    dtype = dtype or torch.get_default_dtype()
     return low + idx[outside].to(dtype) * step
 
 
@@ -393,8 +440,8 @@ def _ridge_operator(locations, basis, penalty, padding=None):
     gram = F.transpose(-1, -2) @ F
     gram = gram + penalty * torch.eye(gram.shape[-1], dtype=F.dtype, device=F.device)
     G, info = torch.linalg.solve_ex(gram, F.transpose(-1, -2))
-    if (info > 0).any() or not torch.isfinite(G).all():
-        raise ValueError("the ridge normal equations are singular; use penalty > 0 (or more locations)")
+    require((info == 0).all() & torch.isfinite(G).all(),
+            "the ridge normal equations are singular; use penalty > 0 (or more locations)")
     G = G.transpose(-1, -2)  # gram is symmetric
     return G[:n_loc]
 
@@ -508,36 +555,64 @@ def moment_match(
         family: ``"gaussian"`` (continuous softmax) or ``"truncated_paraboloid"`` (sparsemax).
 
     Returns:
-        ``(mu, Sigma)`` of shapes ``(..., D)`` and ``(..., D, D)``; ``Sigma`` is the scale
-        parameter, equal to the variance only for the Gaussian.
+        ``(mu, Sigma)`` of shapes ``(..., D)`` and ``(..., D, D)``, in the dtype of ``weights``;
+        ``Sigma`` is the scale parameter, equal to the variance only for the Gaussian.  Weights on a
+        single location (or on collinear locations) give a singular variance; the paraboloid's scale
+        is then 0 (its threshold :math:`\lambda` is :math:`-\infty`): :class:`ContinuousAttention`
+        works from the variance instead and handles these limits.  An empty batch gives empty outputs.
 
     Raises:
-        ValueError: on negative or all-zero weights, an unknown family, or mismatched ``L``.
+        ValueError: on negative, NaN or infinite weights, a row of weights summing to 0, non-finite
+            locations, mismatched or empty ``L``, shapes that do not broadcast, or an unknown family.
+        TypeError: for non-float tensors, ``weights`` and ``locations`` of different dtypes, or a
+            non-string family.
+
+    Example:
+        >>> loc = grid_locations(3, dtype=torch.float64)
+        >>> mu, var = moment_match(torch.ones(9, dtype=torch.float64), loc)
+        >>> [round(x, 4) for x in mu.tolist()], round(var[0, 0].item(), 4)
+        ([0.5, 0.5], 0.1667)
     """
-    family = _check_family(family)
+    family = check_choice(family, "family", _FAMILIES)
     weights = as_float_tensor(weights, "weights", min_ndim=1)
     locations = as_float_tensor(locations, "locations", min_ndim=2, like=weights)
+    check_same_dtype(locations, "locations", weights, "weights")
+    check_same_device(locations, "locations", weights, "weights")
+    check_shape_match(weights, "weights", locations, "locations", [(-1, -2)])
+    if weights.shape[-1] == 0:
+        raise ValueError("weights and locations must hold at least one location (L >= 1); got L = 0")
+    broadcast_shapes(weights=weights.shape[:-1], locations=locations.shape[:-2])
     check_finite(weights, "weights")
     check_finite(locations, "locations")
-    check_shape_match(weights, "weights", locations, "locations", [(-1, -2)])
-    if (weights < 0).any():
-        raise ValueError("weights must be non-negative; found entries < 0")
+    check_nonnegative(weights, "weights")
     total = weights.sum(-1, keepdim=True)
-    if (total <= 0).any():
-        raise ValueError("weights must have a positive sum along the last dimension")
-    p = weights / total
-    locations = locations.to(dtype=p.dtype, device=p.device)
+    if total.numel():
+        require((total > 0).all(), "weights must have a positive sum along the last dimension")
+    mu, var = _match_moments(weights / total, locations)
+    return (mu, var) if family == "gaussian" else (mu, _paraboloid_scale(var))
+
+
+def _match_moments(p: torch.Tensor, locations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and covariance of the discrete distribution ``p`` (``(..., L)``, normalized) on ``locations``."""
     mu = torch.einsum("...l,...ld->...d", p, locations)
     centred = locations - mu.unsqueeze(-2)
     var = torch.einsum("...l,...ld,...le->...de", p, centred, centred)
-    var = _sym(var)
-    if family == "gaussian":
-        return mu, var
+    return mu, _sym(var)
+
+
+def _paraboloid_scale(var: torch.Tensor) -> torch.Tensor:
+    r"""The scale :math:`\Sigma=k^{-(1+D/2)}|V|^{1/2}V` of the truncated paraboloid with covariance ``var``
+    (zero for a singular covariance, where :math:`\lambda=-\infty`)."""
     d = var.shape[-1]
     k = _gaussian_const(d) ** (2.0 / (d + 2)) / (d / 2 + 2)
-    det = torch.linalg.det(var) if d > 1 else var[..., 0, 0]
+    if d == 1:
+        det = var[..., 0, 0]
+    elif d == 2:
+        det = var[..., 0, 0] * var[..., 1, 1] - var[..., 0, 1] * var[..., 1, 0]
+    else:
+        det = torch.linalg.det(var)
     scale = det.clamp_min(0).sqrt() * k ** (-(1 + d / 2))
-    return mu, scale[..., None, None] * var
+    return scale[..., None, None] * var
 
 
 def continuous_density(t: torch.Tensor, mu: torch.Tensor, Sigma: torch.Tensor, family: str = "gaussian") -> torch.Tensor:
@@ -549,17 +624,33 @@ def continuous_density(t: torch.Tensor, mu: torch.Tensor, Sigma: torch.Tensor, f
         family: ``"gaussian"`` or ``"truncated_paraboloid"``.
 
     Returns:
-        ``(...)`` density values (for plotting attention maps).
+        ``(...)`` density values (for plotting attention maps), in the dtype of ``t``.
+
+    Raises:
+        ValueError: if ``Sigma`` is not symmetric positive definite, an input is not finite, or
+            shapes disagree or do not broadcast.
+        TypeError: for non-float tensors, inputs of different dtypes, or a non-string family.
+
+    Example:
+        >>> mu, Sigma = torch.zeros(2), torch.eye(2)
+        >>> round(continuous_density(torch.zeros(2), mu, Sigma).item(), 4)   # 1 / (2 pi)
+        0.1592
     """
-    family = _check_family(family)
+    family = check_choice(family, "family", _FAMILIES)
     t = as_float_tensor(t, "t", min_ndim=1)
     mu = as_float_tensor(mu, "mu", min_ndim=1)
     Sigma = as_float_tensor(Sigma, "Sigma", min_ndim=2)
-    _check_spd(Sigma, "Sigma")
+    for x, name in ((mu, "mu"), (Sigma, "Sigma")):
+        check_same_dtype(x, name, t, "t")
+        check_same_device(x, name, t, "t")
     check_shape_match(t, "t", mu, "mu", [(-1, -1)])
     check_shape_match(mu, "mu", Sigma, "Sigma", [(-1, -1)])
+    broadcast_shapes(t=t.shape[:-1], mu=mu.shape[:-1], Sigma=Sigma.shape[:-2])
+    check_finite(t, "t")
+    check_finite(mu, "mu")
+    check_spd(Sigma, "Sigma")
     d = mu.shape[-1]
-    L = torch.linalg.cholesky(_sym(Sigma))
+    L = torch.linalg.cholesky_ex(_sym(Sigma))[0]
     diff = (t - mu).unsqueeze(-1)
     L = L.expand(*diff.shape[:-2], d, d) if L.ndim < diff.ndim else L
     z = torch.linalg.solve_triangular(L, diff, upper=False).squeeze(-1)
@@ -579,67 +670,62 @@ def continuous_density(t: torch.Tensor, mu: torch.Tensor, Sigma: torch.Tensor, f
 class _ContinuousSoftmaxFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mu, Sigma, centers, cov):
-        # mu (B, D), Sigma (B, D, D), centers (N, D), cov (N, D, D)
+        # mu (B, D), Sigma (B, D, D) PSD, centers (N, D), cov (N, D, D) SPD
         d = mu.shape[-1]
-        S = Sigma.unsqueeze(-3) + cov  # (B, N, D, D): Sigma + Sigma_j
-        Ls = torch.linalg.cholesky(S)
+        Ls = torch.linalg.cholesky_ex(Sigma.unsqueeze(-3) + cov)[0]  # (B, N, D, D): S = Sigma + Sigma_j, SPD
         diff = mu.unsqueeze(-2) - centers  # (B, N, D): mu - mu_j
-        w = torch.cholesky_solve(diff.unsqueeze(-1), Ls).squeeze(-1)  # S^{-1}(mu - mu_j)
+        w = _chol_solve(Ls, diff.unsqueeze(-1)).squeeze(-1)  # S^{-1}(mu - mu_j)
         quad = (diff * w).sum(-1)
         half_logdet = torch.log(torch.diagonal(Ls, dim1=-2, dim2=-1)).sum(-1)
         r = torch.exp(-0.5 * quad - half_logdet - 0.5 * d * math.log(2 * math.pi))  # eq. (4.10)
-        ctx.save_for_backward(mu, Sigma, cov, w, r)
+        ctx.save_for_backward(Ls, w, r)
         return r
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_r):
-        mu, Sigma, cov, w, r = ctx.saved_tensors
-        # product-of-Gaussians parameters, eq. (4.9):
-        #   Sigma_tilde = (Sigma^{-1} + Sigma_j^{-1})^{-1} = Sigma S^{-1} Sigma_j
-        #   mu_tilde - mu = -Sigma S^{-1} (mu - mu_j)
-        Sig = Sigma.unsqueeze(-3)
-        dmu = -(Sig @ w.unsqueeze(-1)).squeeze(-1)  # (B, N, D)
-        S = Sig + cov
-        sig_tilde = _sym(Sig - Sig @ torch.linalg.solve(S, Sig))  # Sigma - Sigma S^{-1} Sigma
-        mu_t = mu.unsqueeze(-2) + dmu
-        gs = grad_r * r  # g_j * s_tilde_j
-        # rows of the Jacobian (covariances), eqs. (4.11)-(4.12), contracted with g
-        g1 = torch.einsum("bn,bnd->bd", gs, dmu)
-        second = sig_tilde + mu_t.unsqueeze(-1) * mu_t.unsqueeze(-2)
-        mm = Sigma + mu.unsqueeze(-1) * mu.unsqueeze(-2)
-        g2 = torch.einsum("bn,bnde->bde", gs, second) - gs.sum(-1)[:, None, None] * mm
-        Sigma_inv = torch.cholesky_inverse(torch.linalg.cholesky(Sigma))
-        grad_mu, grad_Sigma = _theta_grad_to_mu_sigma(g1, g2, mu, Sigma_inv)
-        return grad_mu, grad_Sigma, None, None
+        Ls, w, r = ctx.saved_tensors
+        # r_j = N(mu; mu_j, S_j), S_j = Sigma + Sigma_j: dr_j/dmu = -r_j w_j and
+        # dr_j/dSigma = dr_j/dS_j = r_j (w_j w_j^T - S_j^{-1}) / 2, w_j = S_j^{-1}(mu - mu_j); no Sigma^{-1},
+        # so Sigma may be singular (eqs. (4.11)-(4.12) chained to (mu, Sigma) give the same)
+        gs = grad_r * r
+        grad_mu = -torch.einsum("bn,bnd->bd", gs, w)
+        S_inv = _chol_inverse(Ls)
+        outer = w.unsqueeze(-1) * w.unsqueeze(-2)
+        grad_Sigma = 0.5 * torch.einsum("bn,bnde->bde", gs, outer - S_inv)
+        return grad_mu, _sym(grad_Sigma), None, None
 
 
-def _prepare(mu, Sigma, basis, name_fn):
+def _prepare(mu, Sigma, basis, name_fn, *, definite):
+    """Validate ``(mu, Sigma, basis)`` and flatten the batch: ``Sigma`` SPD (``definite``) or PSD."""
     if not isinstance(basis, GaussianRBF):
         raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
     mu = as_float_tensor(mu, "mu", min_ndim=1)
     Sigma = as_float_tensor(Sigma, "Sigma", min_ndim=2)
-    if mu.dtype != Sigma.dtype:
-        raise TypeError(f"mu and Sigma must have the same dtype; got {mu.dtype} and {Sigma.dtype}")
-    if mu.device != Sigma.device:
-        raise ValueError(f"mu and Sigma must be on the same device; got {mu.device} and {Sigma.device}")
-    check_finite(mu, "mu")
+    check_same_dtype(Sigma, "Sigma", mu, "mu")
+    check_same_device(Sigma, "Sigma", mu, "mu")
     d = mu.shape[-1]
     if Sigma.shape[-2:] != (d, d):
-        raise ValueError(f"Sigma must have shape (..., {d}, {d}) to match mu of shape {tuple(mu.shape)}; got {tuple(Sigma.shape)}")
+        raise ValueError(
+            f"Sigma must have shape (..., {d}, {d}) to match mu of shape {tuple(mu.shape)}; got {tuple(Sigma.shape)}"
+        )
     if basis.dim != d:
         raise ValueError(f"{name_fn}: mu has dimension D={d} but the basis lives in D={basis.dim}")
-    _check_spd(Sigma, "Sigma")
-    try:
-        batch = torch.broadcast_shapes(mu.shape[:-1], Sigma.shape[:-2])
-    except RuntimeError as err:
-        raise ValueError(f"leading shapes of mu {tuple(mu.shape)} and Sigma {tuple(Sigma.shape)} do not broadcast") from err
+    batch = broadcast_shapes(mu=mu.shape[:-1], Sigma=Sigma.shape[:-2])
+    check_finite(mu, "mu")
+    (check_spd if definite else check_psd)(Sigma, "Sigma")
     cdt = _compute_dtype(mu.dtype)
     mu_f = mu.expand(*batch, d).reshape(-1, d).to(cdt)
     Sigma_f = _sym(Sigma.expand(*batch, d, d).reshape(-1, d, d).to(cdt))
     centers = basis.centers.to(device=mu.device, dtype=cdt)
     cov = basis.covariance.to(device=mu.device, dtype=cdt)
     return mu_f, Sigma_f, centers, cov, batch, mu.dtype
+
+
+def _softmax_flat(mu_f, Sigma_f, centers, cov):
+    if mu_f.shape[0] == 0:
+        return mu_f.new_zeros((0, centers.shape[0]))
+    return _ContinuousSoftmaxFn.apply(mu_f, Sigma_f, centers, cov)
 
 
 def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF) -> torch.Tensor:
@@ -653,28 +739,45 @@ def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF
         r_j = \int_{\mathbb R^D}\mathcal N(t;\mu,\Sigma)\,\mathcal N(t;\mu_j,\Sigma_j)\,dt
             = \mathcal N(\mu;\mu_j,\Sigma+\Sigma_j).
 
-    The backward pass (Alg. 3) uses the Jacobian w.r.t. the canonical parameters
+    Since :math:`\Sigma+\Sigma_j` is positive definite whenever :math:`\Sigma` is positive
+    *semi*-definite, so is the closed form: a singular :math:`\Sigma` (a Gaussian on a line) is accepted,
+    and :math:`\Sigma=0` (the point mass :math:`\delta_\mu`) gives :math:`r_j=\psi_j(\mu)`.
+
+    The backward pass (Alg. 3) is the Jacobian w.r.t. the canonical parameters
     :math:`\theta=[\Sigma^{-1}\mu,-\frac12\Sigma^{-1}]`, a covariance (eq. (3.20) with
-    :math:`\beta=1`), whose rows are eqs. (4.11)--(4.12):
-    :math:`\partial r_j/\partial\theta_1=\tilde s_j(\tilde\mu_j-\mu)`,
-    :math:`\partial r_j/\partial\theta_2=\tilde s_j(\tilde\Sigma_j+\tilde\mu_j\tilde\mu_j^\top-\Sigma-\mu\mu^\top)`;
-    it is then chained to :math:`(\mu,\Sigma)`.
+    :math:`\beta=1`, rows eqs. (4.11)--(4.12)), chained to :math:`(\mu,\Sigma)`; the chain simplifies to
+    derivatives of the closed form in :math:`S_j=\Sigma+\Sigma_j`,
+    :math:`\partial r_j/\partial\mu=-r_jS_j^{-1}(\mu-\mu_j)` and
+    :math:`\partial r_j/\partial\Sigma=\frac12r_j\big(S_j^{-1}(\mu-\mu_j)(\mu-\mu_j)^\top S_j^{-1}-S_j^{-1}\big)`,
+    which is how it is computed: no :math:`\Sigma^{-1}` is needed.
 
     Args:
         mu: ``(..., D)`` means.
-        Sigma: ``(..., D, D)`` covariances (symmetric positive definite); leading dims broadcast
-            with ``mu``'s.
+        Sigma: ``(..., D, D)`` covariances, symmetric positive semi-definite (up to a relative
+            round-off of :math:`\sqrt{\epsilon}`); leading dims broadcast with ``mu``'s.
         basis: :class:`GaussianRBF` with ``N`` functions on :math:`\mathbb R^D`.
 
     Returns:
-        ``(..., N)`` tensor :math:`r`.
+        ``(..., N)`` tensor :math:`r` in the dtype of ``mu``; an empty batch gives an empty result.
 
     Raises:
-        ValueError: if ``Sigma`` is not symmetric positive definite or dimensions disagree.
-        TypeError: if ``basis`` is not a :class:`GaussianRBF` or dtypes differ.
+        ValueError: if ``mu`` or ``Sigma`` is not finite, ``Sigma`` is not symmetric positive
+            semi-definite, or shapes disagree.
+        TypeError: if ``basis`` is not a :class:`GaussianRBF`, a tensor is not floating point or
+            ``mu`` and ``Sigma`` differ in dtype.
+
+    Example:
+        >>> basis = GaussianRBF.grid(3, 0.3, dim=2, dtype=torch.float64)
+        >>> mu = torch.tensor([0.2, 0.7], dtype=torch.float64)
+        >>> r = continuous_softmax(mu, torch.zeros(2, 2, dtype=torch.float64), basis)  # a point mass
+        >>> bool(torch.allclose(r, basis(mu)))
+        True
+
+    References:
+        Farinhas (2021), eqs. (4.7)-(4.12); Martins et al. (2020).
     """
-    mu_f, Sigma_f, centers, cov, batch, dtype = _prepare(mu, Sigma, basis, "continuous_softmax")
-    r = _ContinuousSoftmaxFn.apply(mu_f, Sigma_f, centers, cov)
+    mu_f, Sigma_f, centers, cov, batch, dtype = _prepare(mu, Sigma, basis, "continuous_softmax", definite=False)
+    r = _softmax_flat(mu_f, Sigma_f, centers, cov)
     return r.reshape(*batch, basis.n_basis).to(dtype)
 
 
@@ -682,19 +785,57 @@ def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF
 # continuous sparsemax (alpha = 2), D in {1, 2}: Appendix A.2, Alg. 4
 # --------------------------------------------------------------------------------------------
 #
-# Write the support E = {t : (t-mu)^T Sigma^{-1} (t-mu) <= -2 lambda} as t = mu + M u, |u| <= 1,
-# with M = sqrt(-2 lambda) chol(Sigma).  Lemma 1 turns N(t; mu_j, Sigma_j) dt into
-# N(u; mu~_j, Sigma~_j) du with mu~_j = M^{-1}(mu_j - mu), Sigma~_j = M^{-1} Sigma_j M^{-T}.
-# Everything (forward and backward) follows from the three moments over the unit ball
-#     U0_j = int N(u),   U1_j = int u N(u),   U2_j = int u u^T N(u):
-#     r_j   = -lambda (U0_j - tr U2_j)                                   (A.15)
-#     int_E psi_j = U0_j,  int_E t psi_j = mu U0_j + M U1_j,  int_E t t^T psi_j = ...
-# and, with E-averages  mu  and  mu mu^T + (-2 lambda) Sigma / (D + 2)   (A.26),
-#     cov_{p,0}(t, psi_j)     = M U1_j                                   (A.24)
-#     cov_{p,0}(tt^T, psi_j)  = M U1_j mu^T + mu U1_j^T M^T + M U2_j M^T - (-2 lambda) Sigma U0_j / (D+2)   (A.25)
-# In 2D the moments are integrals in polar coordinates u = rho a(phi): the radial integral is in
-# closed form (eqs. A.18-A.22, A.31, A.34, A.40) and the angular one uses the periodic trapezoid
-# rule, which converges geometrically for smooth periodic integrands.
+# Write the support E = {t : p(t) > 0} as t = mu + M u, |u| <= 1, with M M^T = S := -2 lambda Sigma
+# = (D + 4) V, V the covariance of p (Thm. 1).  M is the lower-triangular factor of S: for an SPD
+# scale Sigma it is sqrt(-2 lambda) chol(Sigma); for a singular covariance (a density on a segment, or
+# the point mass V = 0) it is still defined, and M = 0 at the point mass.  Then p(t) dt = w(u) du with
+# w = (1 - |u|^2) / Z1 on the unit ball (eq. (3.14)), and
+#     r_j = E_w[psi_j(mu + M u)],  psi_j(mu + M u) = psi_j(mu) exp(-u^T A_j u / 2 + b_j^T u),
+#     A_j = M^T Sigma_j^{-1} M,  b_j = M^T Sigma_j^{-1} (mu_j - mu),
+# with no inverse of M: A_j, b_j -> 0 as M -> 0 and r_j -> psi_j(mu).  Each pair (b, j) takes one of
+# two routes, chosen by the smallest eigenvalue a_2 of A_j (psi_j narrower than the ellipse in every
+# direction, or not):
+#
+# * Lemma 1 (a_2 >= _STIFF): N(t; mu_j, Sigma_j) dt = N(u; mu~_j, Sigma~_j) du with Sigma~_j = A_j^{-1},
+#   mu~_j = A_j^{-1} b_j (Lemma 1 of App. A.2), and everything follows from the moments over the disk
+#       U0_j = int N(u),   U1_j = int u N(u),   U2_j = int u u^T N(u):
+#       r_j = -lambda (U0_j - tr U2_j)                                              (A.15)
+#   In 2D they are integrals in polar coordinates u = rho a(phi): the radial integral is in closed form
+#   (eqs. A.18-A.22, A.31, A.34, A.40), the angular one uses the periodic trapezoid rule, which
+#   converges geometrically for smooth periodic integrands.  The closed forms lose accuracy as A_j gets
+#   small (the Gaussian N(u; mu~, Sigma~) becomes flat and far), which is why the route is kept for
+#   a_2 >= 1.  Backward, by differentiating under the integral (p = 0 on the boundary of E; the
+#   covariance (A.24)-(A.25) of eq. (3.20), written in S instead of theta):
+#       dr_j/dmu = 2 (-lambda) M^{-T} U1_j,   dr_j/dS = (-lambda) M^{-T} (U2_j - (U0_j - tr U2_j) I / 2) M^{-1}.
+# * slices (a_2 < _STIFF, and Lemma-1 pairs in the tails, where the radial closed forms cancel): Cartesian
+#   slices of the disk in a frame (v_i, v_o): the outer direction v_o is the stiff eigenvector of A_j
+#   (or b_j when both are soft), integrated by the periodic trapezoid rule in theta, v_o = sin theta, on
+#   a window of angles; the inner one by Gauss-Legendre on each chord, or on the window of the chord
+#   where a stiff inner factor is not negligible.  The exponent is written around an anchor point (the
+#   centre along stiff axes) at which log psi_j is evaluated directly, so that no large terms cancel.
+#   The moments E_w[{1, u} f_j] and E_w2[{1, u, uu^T} f_j], f_j = psi_j(mu + M u), w2 = (1 - |u|^2)^2 / Z2,
+#   give the backward pass without M^{-1}:
+#       dr_j/dmu = E_w[grad psi_j] = Sigma_j^{-1} ((mu_j - mu) E_w f_j - M E_w[u f_j]),
+#       dr_j/dS  = Z2 / (8 Z1) E_w2[Hess psi_j]
+#   (integrating (1 - |u|^2) u = -grad (1 - |u|^2)^2 / 4 by parts: w2 vanishes on the sphere); for the
+#   stiff pairs, whose Hessian terms would cancel, the Lemma-1 formulas from the unweighted means.
+# The gradient w.r.t. S is chained to Sigma (S = -2 lambda(Sigma) Sigma) or to V (S = (D + 4) V) by
+# autograd outside the Function.
+
+#: Smallest eigenvalue of A_j = M^T Sigma_j^{-1} M from which a pair takes the route of Lemma 1.
+_STIFF = 1.0
+#: Distance |mu~_j| beyond which a Lemma-1 pair counts as in the tails (see _lemma1_masks).
+_FAR = 3.0
+#: Z_l = int_{|u| <= 1} (1 - |u|^2)^l du, l = 1, 2, for D = 1, 2.
+_BALL_Z = {1: (4.0 / 3.0, 16.0 / 15.0), 2: (0.5 * math.pi, math.pi / 3.0)}
+#: Refinement rounds of the read-free rule (no host reads): every remaining pair gets m 2^k nodes.
+_READ_FREE_ROUNDS = 2
+#: Refinement rounds of the read-free rule for the slice route (m 2^k angles), and the depth of its chord
+#: windows (a chord rule that resolves an exponent varying by this much).
+_READ_FREE_SLICE_ROUNDS = 1
+_READ_FREE_DEPTH = 24.0
+#: Axis ratio a1 / a2 of A_j above which the read-free rule integrates a Lemma-1 pair by slices.
+_READ_FREE_ANISOTROPY = 8.0
 
 
 def _delta_phi(x_lo: torch.Tensor, x_hi: torch.Tensor) -> torch.Tensor:
@@ -720,46 +861,99 @@ def _ball_moments_1d(mu_t: torch.Tensor, var_t: torch.Tensor):
     return U0, U1.unsqueeze(-1), U2[..., None, None]
 
 
-def _setup_2d(mu, Sigma, centers, cov):
-    r"""Closed-form 2x2 set-up of the unit-disk problem for :math:`D=2`.
-
-    Returns ``Lc`` (chol Sigma), ``minus_lam`` (eq. (3.15)), ``M = sqrt(-2 lambda) Lc`` and a dict of
-    ``(B, N)`` tensors: :math:`P=\tilde\Sigma^{-1}` (``P00, P01, P11``), ``detP``, :math:`P\tilde\mu`
-    (``Pm0, Pm1``), :math:`\tilde\mu` (``mt0, mt1``) and :math:`q=\tilde\mu^\top P\tilde\mu`.
-    """
-    s00, s01, s11 = Sigma[:, 0, 0], Sigma[:, 0, 1], Sigma[:, 1, 1]
+def _psd_factor(S: torch.Tensor) -> torch.Tensor:
+    r"""Lower-triangular :math:`M` with :math:`MM^\top=S` for PSD ``(B, D, D)`` matrices, :math:`D\in\{1,2\}`,
+    in closed form and defined for singular :math:`S` (:math:`M=0` for :math:`S=0`); a negative
+    pivot left by round-off counts as zero."""
+    s00 = S[:, 0, 0].clamp_min(0.0)
     l00 = s00.sqrt()
-    l10 = s01 / l00
-    l11 = (s11 - l10 * l10).sqrt()
-    minus_lam = torch.exp(0.5 * (math.log(_gaussian_const(2)) - torch.log(l00 * l11)))  # eq. (3.15), D = 2
-    c = torch.sqrt(2.0 * minus_lam)
+    if S.shape[-1] == 1:
+        return l00[:, None, None]
+    l10 = torch.where(s00 > 0, S[:, 1, 0] / torch.where(s00 > 0, l00, 1.0), 0.0)
+    l11 = (S[:, 1, 1] - l10 * l10).clamp_min(0.0).sqrt()
     zero = torch.zeros_like(l00)
-    Lc = torch.stack([torch.stack([l00, zero], -1), torch.stack([l10, l11], -1)], -2)
-    M = c[:, None, None] * Lc  # t = mu + M u
-    m00, m10, m11 = (c * l00)[:, None], (c * l10)[:, None], (c * l11)[:, None]
-    v00, v01, v11 = cov[:, 0, 0], cov[:, 0, 1], cov[:, 1, 1]
+    return torch.stack([torch.stack([l00, zero], -1), torch.stack([l10, l11], -1)], -2)
+
+
+def _pairs(mu, M, centers, cov):
+    r"""Per-pair quantities, ``(B, N)`` tensors (``(N,)`` for those of the basis alone), in closed form.
+
+    With :math:`d_j=\mu_j-\mu`: ``logpsi0`` (:math:`\log\psi_j(\mu)`), ``q``
+    (:math:`d_j^\top\Sigma_j^{-1}d_j`), the entries of :math:`A_j=M^\top\Sigma_j^{-1}M` (``A00``, ``A01``,
+    ``A11``) and ``detA``, of :math:`b_j=M^\top\Sigma_j^{-1}d_j` (``b0``, ``b1``), of :math:`d_j`
+    (``d0``, ``d1``), of :math:`\Sigma_j^{-1}` (``i00``, ``i01``, ``i11``), ``lognorm``
+    (:math:`\log\max\psi_j`) and, for the Lemma-1 route,
+    of :math:`\tilde\mu_j=M^{-1}d_j` (``mt0``, ``mt1``; inf or NaN where :math:`M` is singular, and then
+    unused).  For :math:`D=1` only the ``*0``/``*00`` keys.  ``M`` is lower triangular.
+    """
+    if mu.shape[-1] == 1:
+        m = M[:, 0, 0, None]  # (B, 1)
+        v = cov[:, 0, 0]  # (N,)
+        i00 = 1.0 / v
+        d0 = centers[:, 0] - mu[:, :1]
+        w0 = i00 * d0
+        q = d0 * w0
+        A00 = m * m * i00
+        lognorm = -0.5 * torch.log(v) - 0.5 * math.log(2.0 * math.pi)
+        return {"logpsi0": lognorm - 0.5 * q, "lognorm": lognorm, "q": q,
+                "A00": A00, "detA": A00, "b0": m * w0, "d0": d0, "i00": i00, "mt0": d0 / m}
+    m00, m10, m11 = M[:, 0, 0, None], M[:, 1, 0, None], M[:, 1, 1, None]  # (B, 1)
+    v00, v01, v11 = cov[:, 0, 0], cov[:, 0, 1], cov[:, 1, 1]  # (N,)
     det_j = v00 * v11 - v01 * v01
     i00, i01, i11 = v11 / det_j, -v01 / det_j, v00 / det_j  # Sigma_j^{-1}
     d0 = centers[:, 0] - mu[:, :1]  # (B, N): mu_j - mu
     d1 = centers[:, 1] - mu[:, 1:]
-    w0 = i00 * d0 + i01 * d1  # Sigma_j^{-1}(mu_j - mu)
+    w0 = i00 * d0 + i01 * d1  # Sigma_j^{-1} (mu_j - mu)
     w1 = i01 * d0 + i11 * d1
+    q = d0 * w0 + d1 * w1
+    k10 = i01 * m00 + i11 * m10  # (Sigma_j^{-1} M)_{10}
     mt0 = d0 / m00  # mu~ = M^{-1}(mu_j - mu), M lower triangular
-    mt1 = (d1 - m10 * mt0) / m11
-    k10 = i01 * m00 + i11 * m10  # P = M^T Sigma_j^{-1} M
-    k11 = i11 * m11
-    pair = {
-        "P00": m00 * (i00 * m00 + i01 * m10) + m10 * k10,
-        "P01": m11 * k10,
-        "P11": m11 * k11,
-        "detP": (m00 * m11) ** 2 / det_j,
-        "Pm0": m00 * w0 + m10 * w1,  # P mu~ = M^T Sigma_j^{-1}(mu_j - mu)
-        "Pm1": m11 * w1,
-        "mt0": mt0,
-        "mt1": mt1,
-        "q": d0 * w0 + d1 * w1,  # mu~^T P mu~ (affine invariant)
+    lognorm = -0.5 * torch.log(det_j) - math.log(2.0 * math.pi)
+    return {
+        "logpsi0": lognorm - 0.5 * q, "lognorm": lognorm, "q": q,
+        "A00": m00 * (i00 * m00 + i01 * m10) + m10 * k10, "A01": m11 * k10, "A11": m11 * m11 * i11,
+        "detA": (m00 * m11) ** 2 / det_j, "b0": m00 * w0 + m10 * w1, "b1": m11 * w1,
+        "d0": d0, "d1": d1, "i00": i00, "i01": i01, "i11": i11,
+        "mt0": mt0, "mt1": (d1 - m10 * mt0) / m11,
     }
-    return Lc, minus_lam, M, pair
+
+
+def _gather(pairs, idx, B, N):
+    """The entries of ``pairs`` as flat ``(p,)`` tensors at the flat pair indices ``idx`` (``None``: all)."""
+    out = {}
+    for k, v in pairs.items():
+        flat = v.expand(B, N).reshape(-1)
+        out[k] = flat if idx is None else flat[idx]
+    return out
+
+
+def _eig2(A00, A01, A11, detA):
+    """Eigenvalues ``a1 >= a2 >= 0`` and the angle of the eigenvector of ``a1`` of symmetric 2x2 PSD matrices;
+    ``a2 = det / a1`` from the exact determinant, without the cancellation of ``mean - radius``."""
+    mean = 0.5 * (A00 + A11)
+    rad = torch.hypot(0.5 * (A00 - A11), A01)
+    a1 = mean + rad
+    a2 = torch.where(a1 > 0, detA / torch.where(a1 > 0, a1, 1.0), 0.0).clamp_min(0.0)
+    angle = 0.5 * torch.atan2(2.0 * A01, A00 - A11)
+    return a1, a2, angle
+
+
+def _eig_small(pairs, a1):
+    """The smaller eigenvalue of A_j (2D), from the exact determinant."""
+    return torch.where(a1 > 0, pairs["detA"] / torch.where(a1 > 0, a1, 1.0), 0.0)
+
+
+def _lemma1_pair_2d(pairs, route, all_route):
+    r"""The dict of the Lemma-1 route (``P00, P01, P11`` of :math:`P=\tilde\Sigma^{-1}=A_j`, ``detP``,
+    :math:`P\tilde\mu=b_j` as ``Pm0, Pm1``, :math:`\tilde\mu` as ``mt0, mt1`` and ``q``), with the
+    standard Gaussian in place of the pairs that do not take the route (unless ``all_route``; their
+    results are discarded), so that no inf or NaN enters the shared computations."""
+    names = {"P00": "A00", "P01": "A01", "P11": "A11", "detP": "detA", "Pm0": "b0", "Pm1": "b1",
+             "mt0": "mt0", "mt1": "mt1", "q": "q"}
+    if all_route:
+        return {k: pairs[v] for k, v in names.items()}
+    benign = {"P00": 1.0, "P11": 1.0, "detP": 1.0}
+    return {k: torch.where(route, pairs[v], benign.get(k, 0.0)) for k, v in names.items()}
 
 
 _SQRT_PI = math.sqrt(math.pi)
@@ -851,14 +1045,15 @@ def _moments_from_entries(E):
     return U0, U1, U2
 
 
-def _ball_moments_2d(pair, n):
+def _ball_moments_2d_entries(pair, n):
     r"""Moments over the unit disk of :math:`\mathcal N(u;\tilde\mu,\tilde\Sigma)` by the periodic trapezoid
-    rule with ``n`` angular nodes :math:`\varphi_k = 2\pi k/n`, :math:`k=0,\dots,n-1`, for every pair."""
+    rule with ``n`` angular nodes :math:`\varphi_k = 2\pi k/n`, :math:`k=0,\dots,n-1`, for every pair, as
+    ``(6, B, N)`` entries (see :func:`_moments_from_entries`)."""
     q = pair["q"]
     phi = torch.arange(n, dtype=q.dtype, device=q.device) * (2.0 * math.pi / n)  # no duplicated endpoint
     s = _sum_last(_ray_terms(_ray_params(pair), phi[None])).view(6, *q.shape)
     # the weight of a node, sqrt(det P) / (2 pi) * 2 pi / n, times the factor sqrt(pi) / 2 of _ray_terms
-    return _moments_from_entries(s * (pair["detP"].sqrt() * (0.5 * _SQRT_PI / n)))
+    return s * (pair["detP"].sqrt() * (0.5 * _SQRT_PI / n))
 
 
 def _nodes_for_tol(tol: float) -> int:
@@ -866,19 +1061,20 @@ def _nodes_for_tol(tol: float) -> int:
     return 2 * math.ceil(2.0 + 0.65 * math.log(1.0 / tol))
 
 
-def _ball_moments_2d_adaptive(pair, tol, max_nodes):
-    r"""Unit-disk moments to a guaranteed tolerance: closed forms where provable, else an adaptive,
-    windowed periodic trapezoid rule.  Returns ``(U0, U1, U2, info)``, ``info`` a dict of diagnostics.
 
-    Every moment entry of the pair :math:`(b,j)` is within ``tol`` :math:`\cdot\,s_b` of its exact value,
-    :math:`s_b=\max_jU_{0,bj}` (the largest mass of a basis function on the ellipse), by a rigorous
-    tail bound (closed forms, skipped pairs, skipped angles) or by the estimate :math:`|T_n-T_{n/2}|` of
-    the error of :math:`T_{n/2}`, :math:`T_n` being returned.
+def _lemma1_masks(pair, tol, route, lb_floor):
+    r"""Closed forms, negligible pairs and the lower bound :math:`s_b` of the Lemma-1 route (2D).
+
+    Returns ``(U, closed, quad, lb_b, lb_route, tail)``: ``U`` the ``(6, B*N)`` entries (closed forms
+    filled in, zeros elsewhere), the ``(B, N)`` masks of the closed forms and of the pairs left to the
+    angular rule, ``lb_b`` the lower bound of :math:`s_b=\max_jU_{0,bj}` that sets the tolerance (at least
+    ``lb_floor``, a bound from elsewhere in these units, and at least :math:`\sqrt{\text{tiny}}`),
+    ``lb_route`` the bound from this route's pairs alone, and the mask of the quadrature pairs in the
+    tails that are better integrated by slices.
     """
     P00, P01, P11, detP = pair["P00"], pair["P01"], pair["P11"], pair["detP"]
-    mt0, mt1, q = pair["mt0"], pair["mt1"], pair["q"]
-    B, N = q.shape
-    dtype = q.dtype
+    mt0, mt1 = pair["mt0"], pair["mt1"]
+    dtype = P00.dtype
     tiny = torch.finfo(dtype).tiny
     rad = torch.hypot(mt0, mt1)  # |mu~|
     pmax = 0.5 * (P00 + P11) + torch.hypot(0.5 * (P00 - P11), P01)  # eigenvalues of P = Sigma~^{-1}
@@ -906,33 +1102,31 @@ def _ball_moments_2d_adaptive(pair, tol, max_nodes):
         dist = (rad - (1.0 - rho)).abs() + rho
         lb = torch.maximum(lb, (math.pi * rho * rho) * peak * torch.exp(-0.5 * pmax * dist * dist))
     # below sqrt(tiny), s_b is round-off of underflowing terms (an ellipse that no basis function reaches)
-    lb_b = lb.amax(-1).clamp_min(math.sqrt(tiny))
+    lb_route = torch.where(route, lb, 0.0).amax(-1)
+    lb_b = torch.maximum(lb_route, lb_floor).clamp_min(math.sqrt(tiny))
     tol_abs = tol * lb_b[:, None]  # (B, 1)
-    closed = inside & (bound_in <= tol_abs)
-    skip = (bound_out <= tol_abs) & ~closed
+    closed = route & inside & (bound_in <= tol_abs)
+    quad = route & ~closed & (bound_out > tol_abs)
+    # In the tails (mu~ far from the disk, or the disk in its tail) the radial closed forms cancel: their
+    # round-off, up to about 256 eps relative to the pair's own mass, would exceed tol * s_b for a pair
+    # that may carry more than tol / (256 eps) of s_b (float32, or an ellipse that every psi_j is far from)
+    # (the mass of a convex set d_out whitened units from the centre is at most that of a half-plane)
+    far = (rad > _FAR) | (d_out > 2.0)
+    mass_out = torch.minimum(bound_out, 0.5 * torch.erfc(d_out * _SQRT_HALF))
+    tail = quad & far & (mass_out > (tol / (256.0 * torch.finfo(dtype).eps)) * lb_b[:, None])
     # Results are kept as [U0, U1x, U1y, tr U2, (U2)xx - (U2)yy, (U2)xy] (see _moments_from_entries), first
     # the closed forms U0 = 1, U1 = mu~, U2 = Sigma~ + mu~ mu~^T, Sigma~ = P^{-1}
     xx, yy = P11 / detP + mt0 * mt0, P00 / detP + mt1 * mt1
     exact = torch.stack([torch.ones_like(rad), mt0, mt1, xx + yy, xx - yy, -P01 / detP + mt0 * mt1])
     U = torch.where(closed, exact, 0.0).view(6, -1)
-    idx = (~(closed | skip)).view(-1).nonzero().squeeze(-1)
-    info = {"pairs": B * N, "closed_form": int(closed.sum()), "skipped": int(skip.sum()), "quadrature": idx.numel(),
-            "rounds": 0, "nodes": 0, "unconverged": 0, "max_error_estimate": 0.0}
-    if idx.numel() > 0:
-        _adaptive_angular_rule(pair, idx, tol, lb_b, closed, U, info, max_nodes)
-    return _moments_from_entries(U.view(6, B, N)) + (info,)
+    return U, closed, quad, lb_b, lb_route, tail
 
 
-def _adaptive_angular_rule(pair, idx, tol, lb_b, closed, U, info, max_nodes):
-    """The windowed, adaptive periodic trapezoid rule for the pairs ``idx``; writes ``U[:, idx]``."""
-    B, N = pair["q"].shape
-    dtype, device = U.dtype, U.device
-    m = min(_nodes_for_tol(tol), 2 * (max_nodes // 2))
-
-    keys = ("q", "P00", "P01", "P11", "detP", "mt0", "mt1", "Pm0", "Pm1")
-    sub = dict(zip(keys, torch.stack([pair[k].reshape(-1) for k in keys])[:, idx].unbind(0)))  # the quadrature pairs
-    qq, P00, P01, P11, detP, m0, m1 = (sub[k] for k in keys[:7])
-    bidx = idx // N
+def _angular_windows(sub, tol, lb, m):
+    r"""Start angle, node spacing, ray constants and node weight of the windowed periodic trapezoid rule
+    for the Lemma-1 pairs in ``sub`` (a dict of 1D tensors), each with its lower bound ``lb`` of :math:`s_b`."""
+    qq, P00, P01, P11, detP, m0, m1 = (sub[k] for k in ("q", "P00", "P01", "P11", "detP", "mt0", "mt1"))
+    dtype = qq.dtype
     # Angular window.  The P-distance from mu~ to the ray {rho a, 0 <= rho <= 1} is at least perp(a),
     # perp^2 = det(P) (a x mu~)^2 / a^T P a, and at least sqrt(q) if a^T P mu~ < 0; the ray integrand
     # is at most rho * peak * exp(-dist^2 / 2), so all directions with dist >= d, d^2 = 2 log(4 pi peak /
@@ -940,7 +1134,7 @@ def _adaptive_angular_rule(pair, idx, tol, lb_b, closed, U, info, max_nodes):
     # with Q = det(P) n n^T - d^2 P, n = (-mu~_2, mu~_1), det Q = d^2 det(P) (d^2 - q): if q > d^2 the window
     # is the cone of half-width w = atan(sqrt(-l_- / l_+)) around the eigenvector of l_- facing mu~.
     peak = detP.sqrt() / (2.0 * math.pi)
-    d2 = 2.0 * torch.log(4.0 * math.pi * peak / (tol * lb_b[bidx]))
+    d2 = 2.0 * torch.log(4.0 * math.pi * peak / (tol * lb))
     windowed = qq > d2
     Q00 = detP * m1 * m1 - d2 * P00
     Q01 = -detP * m0 * m1 - d2 * P01
@@ -956,8 +1150,21 @@ def _adaptive_angular_rule(pair, idx, tol, lb_b, closed, U, info, max_nodes):
     n_win = 2.0 * torch.floor((m - 1) * math.pi / (2.0 * w).clamp_min(tiny)).clamp_max(2.0**40)
     h = 2.0 * math.pi / torch.where(windowed, n_win.clamp_min(m), float(m))
     start = torch.where(windowed, theta - 0.5 * (m - 1) * h, 0.0)
-    prm = _ray_params(sub)
     wt = detP.sqrt() / (4.0 * _SQRT_PI)  # times the spacing: the weight of a node, sqrt(det P) / (2 pi) * sqrt(pi) / 2
+    return start, h, _ray_params(sub), wt
+
+
+_PAIR_KEYS = ("q", "P00", "P01", "P11", "detP", "mt0", "mt1", "Pm0", "Pm1")
+
+
+def _lemma1_adaptive(pair, idx, tol, lb_b, closed, U, info, max_nodes):
+    """The windowed, adaptive periodic trapezoid rule for the pairs ``idx``; writes ``U[:, idx]``."""
+    B, N = pair["q"].shape
+    dtype, device = U.dtype, U.device
+    m = min(_nodes_for_tol(tol), 2 * (max_nodes // 2))
+    sub = dict(zip(_PAIR_KEYS, torch.stack([pair[k].reshape(-1) for k in _PAIR_KEYS])[:, idx].unbind(0)))
+    bidx = idx // N
+    start, h, prm, wt = _angular_windows(sub, tol, lb_b[bidx], m)
     # round 0: even-numbered nodes first, so that T_{n/2} is a sum over the first half
     j = torch.cat([torch.arange(0, m, 2), torch.arange(1, m, 2)]).to(dtype=dtype, device=device)
     halves = _sum_last(_ray_terms(prm, start[:, None] + j * h[:, None]).view(6, -1, 2, m // 2))
@@ -986,75 +1193,597 @@ def _adaptive_angular_rule(pair, idx, tol, lb_b, closed, U, info, max_nodes):
         nodes += act.numel() * m_r
         m_r *= 2
     U.index_copy_(1, idx, I_cur)
-    info.update(rounds=rounds, nodes=nodes, unconverged=act.numel(), max_error_estimate=float((est / s_b[bidx]).max()))
+    info["lemma1"].update(rounds=rounds, nodes=nodes, unconverged=act.numel(),
+                          max_error_estimate=float((est / s_b[bidx]).max()))
 
 
-def _sparsemax_setup(mu, Sigma, centers, cov):
-    d = mu.shape[-1]
-    Lc = torch.linalg.cholesky(Sigma)  # (B, D, D)
-    half_logdet = torch.log(torch.diagonal(Lc, dim1=-2, dim2=-1)).sum(-1)
-    minus_lam = torch.exp((2.0 / (d + 2)) * (math.log(_gaussian_const(d)) - half_logdet))  # eq. (3.15)
-    c = torch.sqrt(2.0 * minus_lam)
-    M = c[:, None, None] * Lc  # t = mu + M u
-    diff = centers - mu.unsqueeze(-2)  # (B, N, D): mu_j - mu
-    Lj = torch.linalg.cholesky(cov)  # (N, D, D)
-    Sj_inv = torch.cholesky_inverse(Lj)
-    wj = (Sj_inv @ diff.unsqueeze(-1)).squeeze(-1)  # Sigma_j^{-1}(mu_j - mu)
-    q = (diff * wj).sum(-1)  # mu~^T Sigma~^{-1} mu~  (affine invariant)
-    Mexp = M.unsqueeze(-3)
-    MT = Mexp.transpose(-1, -2)
-    P = _sym(MT @ Sj_inv @ Mexp)  # Sigma~^{-1} = M^T Sigma_j^{-1} M   (B, N, D, D)
-    Pmu = (MT @ wj.unsqueeze(-1)).squeeze(-1)  # P mu~
-    mu_t = torch.linalg.solve(P, Pmu.unsqueeze(-1)).squeeze(-1)  # mu~ = M^{-1}(mu_j - mu)
-    log_det_t = 2.0 * torch.log(torch.diagonal(Lj, dim1=-2, dim2=-1)).sum(-1) - 2.0 * (d * torch.log(c) + half_logdet).unsqueeze(-1)
-    return Lc, minus_lam, M, P, mu_t, log_det_t, q
+def _lemma1_read_free(pair, quad, tol, lb_b, U, max_nodes):
+    """The read-free variant: the same windows, ``m 2^k`` nodes (``k = _READ_FREE_ROUNDS``, at most
+    ``max_nodes``) for every pair, kept where ``quad``; no host read, no error estimate."""
+    B, N = pair["q"].shape
+    dtype, device = U.dtype, U.device
+    m = min(_nodes_for_tol(tol), 2 * (max_nodes // 2))
+    n = m * 2**_READ_FREE_ROUNDS
+    while n > max_nodes:
+        n //= 2
+    sub = {k: pair[k].reshape(-1) for k in _PAIR_KEYS}
+    start, h, prm, wt = _angular_windows(sub, tol, lb_b.repeat_interleave(N), m)
+    h = h * (m / n)  # the spacing of T_{n'} with n' = n_win n / m nodes on the circle
+    start = start + 0.5 * (m - 1) * h * (n / m) - 0.5 * (n - 1) * h  # still centred on the window
+    phi = start[:, None] + torch.arange(n, dtype=dtype, device=device) * h[:, None]
+    I_all = _sum_last(_ray_terms(prm, phi)) * (wt * h)
+    return torch.where(quad.view(-1), I_all, U)
+
+
+# Gauss-Legendre rules for the chords of the slice route.  _GL_ERROR[i][k] is the largest relative error
+# (measured against scipy.integrate.quad) of the _GL_NODES[k]-point rule for int_{-1}^{1} (1 - x^2)^l x^k
+# exp(-a x^2 / 2 + c x) dx, l <= 2, k <= 2, a in {0, 1, V, 2 V}, c = V - a / 2 (V = _GL_VARIATION[i]:
+# tilted, Gaussian, or both), relative to int exp(-a x^2 / 2 + c x) dx.
+_GL_VARIATION = (1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 40.0, 56.0)
+_GL_NODES = (8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
+_GL_ERROR = (
+    (2e-07, 3e-10, 2e-13, 4e-16, 2e-15, 6e-16, 9e-16, 3e-15, 3e-15, 1e-15),
+    (5e-06, 3e-08, 9e-11, 6e-16, 2e-15, 9e-16, 1e-15, 4e-15, 5e-15, 1e-15),
+    (1e-04, 2e-06, 3e-08, 2e-12, 6e-15, 3e-15, 2e-15, 1e-14, 1e-14, 4e-15),
+    (3e-03, 1e-04, 5e-06, 4e-09, 9e-13, 7e-15, 5e-15, 2e-14, 3e-14, 9e-15),
+    (1e-02, 1e-03, 1e-04, 2e-07, 2e-10, 1e-13, 8e-15, 4e-14, 4e-14, 1e-14),
+    (4e-02, 6e-03, 7e-04, 4e-06, 9e-09, 1e-11, 9e-15, 5e-14, 6e-14, 2e-14),
+    (1e-01, 3e-02, 6e-03, 1e-04, 1e-06, 5e-09, 2e-14, 7e-14, 9e-14, 2e-14),
+    (2e-01, 8e-02, 2e-02, 1e-03, 2e-05, 2e-07, 7e-12, 1e-13, 1e-13, 3e-14),
+    (3e-01, 1e-01, 5e-02, 4e-03, 1e-04, 3e-06, 4e-10, 1e-13, 1e-13, 3e-14),
+    (5e-01, 3e-01, 1e-01, 2e-02, 2e-03, 1e-04, 9e-08, 2e-11, 2e-13, 4e-14),
+)
+#: The largest exponent variation along a chord assumed by the read-free and fixed rules.
+_GL_READ_FREE_VARIATION = 16.0
+
+
+def _gl_count(variation: float, tol: float) -> int:
+    """Nodes of the chord rule for an exponent that varies by at most ``variation`` (within tol / 100)."""
+    row = next((i for i, v in enumerate(_GL_VARIATION) if v >= variation), len(_GL_VARIATION) - 1)
+    return next((n for n, e in zip(_GL_NODES, _GL_ERROR[row]) if e <= 0.01 * tol), _GL_NODES[-1])
+
+
+def _legendre_gauss(n: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nodes and weights of the ``n``-point Gauss-Legendre rule on [-1, 1]: Newton's method on P_n in
+    float64, on ``device`` (no host transfer), from the asymptotic guesses cos(pi (k - 1/4) / (n + 1/2))."""
+    k = torch.arange(1, n + 1, dtype=torch.float64, device=device)
+    x = torch.cos(math.pi * (k - 0.25) / (n + 0.5))
+
+    def legendre(x):  # P_n(x) and P_n'(x)
+        p = torch.special.legendre_polynomial_p(x, n)
+        return p, n * (x * p - torch.special.legendre_polynomial_p(x, n - 1)) / (x * x - 1.0)
+
+    for _ in range(6):  # quadratic convergence from guesses within O(1/n^2)
+        p, dp = legendre(x)
+        x = x - p / dp
+    _, dp = legendre(x)
+    w = 2.0 / ((1.0 - x * x) * dp * dp)
+    return x.to(dtype), w.to(dtype)
+
+
+def _chord_matrix(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``(n, 8)`` columns w (1-x^2), w (1-x^2) x, w (1-x^2)^2, w (1-x^2)^2 x, w (1-x^2)^2 x^2, w, w x, w x^2."""
+    om = (1.0 - x) * (1.0 + x)
+    return torch.stack([w * om, w * om * x, w * om * om, w * om * om * x, w * om * om * x * x, w, w * x, w * x * x], -1)
+
+
+def _max_quadratic(a, c, lo, hi):
+    """``max_{lo <= x <= hi} (-a x^2 / 2 + c x)`` for ``a >= 0`` (``lo <= hi``), and its argument."""
+    x = torch.where(a > 0, torch.minimum(torch.maximum(c / torch.where(a > 0, a, 1.0), lo), hi),
+                    torch.where(c > 0, hi, lo))
+    return x * (c - 0.5 * a * x), x
+
+
+def _anchor(a, b, stiff):
+    """The anchor coordinate ``b / a`` along a stiff direction (0 along a soft one) and the slope there:
+    exactly 0 along a stiff direction, where ``b - a (b / a)`` would only be round-off."""
+    centre = torch.where(stiff, b / torch.where(stiff, a, 1.0), 0.0)
+    return centre, torch.where(stiff, 0.0, b)
+
+
+def _slice_setup_2d(pp, a1, angle, Mp):
+    r"""Frame and constants of the slice route (2D), for flat per-pair entries ``pp`` and factors ``Mp``.
+
+    The outer axis :math:`e_o` is the stiff eigenvector of :math:`A_j` if :math:`a_1\ge1`, else the
+    direction of :math:`b_j`; the inner one is :math:`e_i=(-e_{o,2}, e_{o,1})`; :math:`u=v_ie_i+v_oe_o`.
+    The exponent is written around an anchor :math:`u_a=r_ie_i+r_oe_o` (the centre :math:`b/a` along
+    each stiff axis, 0 along a soft one) as
+
+    .. math::
+
+        \log\psi_j(\mu+Mu_a)-\tfrac12(a_i\delta_i^2+2c_i\delta_i\delta_o+a_o\delta_o^2)+g_i\delta_i+g_o\delta_o,
+        \qquad \delta=v-r,
+
+    with :math:`\log\psi_j(\mu+Mu_a)` evaluated directly: the expanded form
+    :math:`\log\psi_j(\mu)+b^\top u-\frac12u^\top Au` cancels (in float32, badly) when :math:`\psi_j` is
+    narrow along a long ellipse.
+    """
+    b0, b1 = pp["b0"], pp["b1"]
+    stiff = a1 >= _STIFF
+    nb = torch.hypot(b0, b1)
+    has_b = nb > 0
+    nb_safe = torch.where(has_b, nb, 1.0)
+    eo0 = torch.where(stiff, torch.cos(angle), torch.where(has_b, b0 / nb_safe, 1.0))
+    eo1 = torch.where(stiff, torch.sin(angle), torch.where(has_b, b1 / nb_safe, 0.0))
+    ei0, ei1 = -eo1, eo0
+    A00, A01, A11 = pp["A00"], pp["A01"], pp["A11"]
+    form = lambda x0, x1, y0, y1: x0 * (A00 * y0 + A01 * y1) + x1 * (A01 * y0 + A11 * y1)  # noqa: E731
+    ao, ai = form(eo0, eo1, eo0, eo1).clamp_min(0.0), form(ei0, ei1, ei0, ei1).clamp_min(0.0)
+    ci = form(ei0, ei1, eo0, eo1)
+    bo, bi = eo0 * b0 + eo1 * b1, ei0 * b0 + ei1 * b1
+    ro, go = _anchor(ao, bo, ao >= _STIFF)
+    ri, gi = _anchor(ai, bi, ai >= _STIFF)
+    go, gi = go - ci * ri, gi - ci * ro  # the gradient b - A u_a at the anchor
+    # log psi_j at t_a = mu + M u_a: e = t_a - mu_j = M u_a - d
+    ua0, ua1 = ri * ei0 + ro * eo0, ri * ei1 + ro * eo1
+    e0 = Mp[:, 0, 0] * ua0 - pp["d0"]
+    e1 = Mp[:, 1, 0] * ua0 + Mp[:, 1, 1] * ua1 - pp["d1"]
+    q_a = pp["i00"] * e0 * e0 + 2.0 * pp["i01"] * e0 * e1 + pp["i11"] * e1 * e1
+    log_a = pp["lognorm"] - 0.5 * q_a
+    return {"ei0": ei0, "ei1": ei1, "eo0": eo0, "eo1": eo1, "ao": ao, "ai": ai, "ci": ci,
+            "ro": ro, "ri": ri, "go": go, "gi": gi, "log_a": log_a}
+
+
+def _slice_bounds_2d(pp, fr, a1):
+    r"""Upper bound ``log_sup`` of :math:`\log\psi_j(\mu+Mu)` on the disk, the bound ``i_max`` of its
+    inner part (its coupling to the outer coordinate included), and a lower bound ``lb`` of the mean of
+    :math:`\psi_j(\mu+Mu)` over the disk."""
+    ao, ai, ci, ro, ri, go, gi, log_a = (fr[k] for k in ("ao", "ai", "ci", "ro", "ri", "go", "gi", "log_a"))
+    e_max, _ = _max_quadratic(ao, go, -1.0 - ro, 1.0 - ro)
+    # |coupling| <= |c_i| |delta_i| |delta_o| <= |c_i| (1 + |r_i|) (1 + |r_o|)
+    i_max = _max_quadratic(ai, gi, -1.0 - ri, 1.0 - ri)[0] + ci.abs() * (1.0 + ri.abs()) * (1.0 + ro.abs())
+    # the ball of radius rho around a point v* of the disk: E(v) >= E(v*) - |grad E(v*)| rho - a1 rho^2 / 2
+    rho = torch.where(a1 > 4.0, a1.clamp_min(4.0).rsqrt(), 0.5)
+    lim = 1.0 - rho
+    _, do = _max_quadratic(ao, go, -lim - ro, lim - ro)
+    vo = ro + do
+    reach = (lim * lim - vo * vo).clamp_min(0.0).sqrt()
+    _, di = _max_quadratic(ai, gi - ci * do, -reach - ri, reach - ri)
+    energy = -0.5 * (ai * di * di + 2.0 * ci * di * do + ao * do * do) + gi * di + go * do
+    grad = torch.hypot(gi - ai * di - ci * do, go - ci * di - ao * do)
+    at_centre = -0.5 * (ai * ri * ri + 2.0 * ci * ri * ro + ao * ro * ro) - gi * ri - go * ro  # v = 0, rho = 1
+    grad_centre = torch.hypot(gi + ai * ri + ci * ro, go + ci * ri + ao * ro)
+    lb = torch.maximum(torch.exp(log_a + at_centre - 0.5 * a1 - grad_centre),
+                       rho * rho * torch.exp(log_a + energy - grad * rho - 0.5 * a1 * rho * rho))
+    return log_a + e_max + i_max, i_max, lb
+
+
+def _slice_windows(fr, log_a, i_max, log_tol_abs, m):
+    r"""The window of angles :math:`\theta` (:math:`v_o=\sin\theta`) outside which every slice adds less
+    than ``tol_abs / 8`` to any moment entry, as ``(start, span, factor)``: nodes ``start + k span / m``.
+
+    Slices with :math:`\log\psi_j(\mu+Mu_a)+E(\delta_o)+I_{max}<\log(\mathrm{tol_{abs}}/24)`,
+    :math:`E(\delta)=-\frac12a_o\delta^2+g_o\delta`, are skipped: each moment entry is a mean over the
+    disk with a weight at most :math:`\pi/Z_2=3`.  :math:`F(\theta)=F(\pi-\theta)`, so a window that
+    reaches :math:`v_o=\pm1` is mirrored about :math:`\theta=\pm\pi/2` (and its sum halved) and its ends
+    stay negligible; one that reaches both ends is the whole circle (periodic, halved).
+    """
+    ao, go, ro = fr["ao"], fr["go"], fr["ro"]
+    c = log_tol_abs - math.log(24.0) - log_a - i_max  # keep E(delta) >= c
+    disc = (go * go - 2.0 * ao * c).clamp_min(0.0)
+    qv = go + torch.copysign(disc.sqrt(), go)
+    ok = qv != 0
+    r_a = torch.where(ao > 0, qv / torch.where(ao > 0, ao, 1.0), torch.copysign(torch.full_like(qv, math.inf), qv))
+    r_b = 2.0 * c / torch.where(ok, qv, 1.0)
+    lo = torch.where(ok, ro + torch.minimum(r_a, r_b), -1.0).clamp(-1.0, 1.0)
+    hi = torch.where(ok, ro + torch.maximum(r_a, r_b), 1.0).clamp(-1.0, 1.0)
+    top, bot = hi >= 1.0, lo <= -1.0
+    t_lo, t_hi = torch.asin(lo), torch.asin(hi)
+    half_pi = 0.5 * math.pi
+    start = torch.where(top & bot, -half_pi, torch.where(bot, -math.pi - t_hi, t_lo))
+    span = torch.where(top, math.pi - 2.0 * t_lo, torch.where(bot, math.pi + 2.0 * t_hi, t_hi - t_lo))
+    span = torch.where(top & bot, 2.0 * math.pi, span)
+    factor = torch.where(top | bot, 0.5, 1.0)
+    return start, span, factor
+
+
+_SLICE_ROWS = ("log_a", "ao", "ai", "ci", "ro", "ri", "go", "gi", "wi")
+
+
+def _slice_terms(prm, theta, x, w):
+    r"""The ten slice integrands at the angles ``theta`` (``(p, m)``), ``prm`` ``(7, p)`` (:data:`_SLICE_ROWS`).
+
+    :math:`v_o=\sin\theta` and the chord :math:`|v_i|\le h=|\cos\theta|`; :math:`dv_o=h\,d\theta` (with
+    :math:`|\cos\theta|`, the integrand :math:`G(h)h` of an odd :math:`G` is analytic and
+    :math:`\pi`-periodic in :math:`\theta`), :math:`1-|v|^2=h^2-v_i^2`.  On each chord the inner factor
+    :math:`e^{-a_iv_i^2/2+(b_i-c_iv_o)v_i}` is integrated by Gauss--Legendre (nodes ``x``, weights ``w``)
+    on the chord, or, for a stiff one, on its window of half-width ``wi`` around the inner maximum
+    (where the factor stays within a given depth of its peak).  Returns ``(15, p, m)``:
+    :math:`h\int(1-|v|^2)^l v^\alpha f\,dv_i` for :math:`(l,\alpha)` = (1, 1), (1, v_i), (1, v_o), (2, 1),
+    (2, v_i), (2, v_o), (2, v_i^2), (2, v_iv_o), (2, v_o^2), (0, 1), (0, v_i), (0, v_o), (0, v_i^2),
+    (0, v_iv_o), (0, v_o^2).
+    """
+    log_a, ao, ai, ci, ro, ri, go, gi, wi = prm.unsqueeze(-1)
+    vo = torch.sin(theta)
+    h = torch.cos(theta).abs()
+    do = vo - ro
+    outer = log_a + do * (go - 0.5 * ao * do)  # (p, m)
+    beta = gi - ci * do  # the inner slope at v_i = r_i
+    centre = ri + torch.where(ai > 0, beta / torch.where(ai > 0, ai, 1.0), 0.0)
+    lo = torch.maximum(-h, centre - wi)
+    hi = torch.maximum(torch.minimum(h, centre + wi), lo)
+    mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
+    v = mid.unsqueeze(-1) + half.unsqueeze(-1) * x  # (p, m, n)
+    di = v - ri.unsqueeze(-1)
+    expo = outer.unsqueeze(-1) + di * (beta.unsqueeze(-1) - (0.5 * ai).unsqueeze(-1) * di)
+    f = torch.exp(expo.clamp_min(math.log(torch.finfo(expo.dtype).tiny))) * w
+    hv = h.unsqueeze(-1)
+    fg = f * ((hv - v) * (hv + v))  # weight 1 - |v|^2 = h^2 - v_i^2, without cancellation at the ends
+    fgg = fg * ((hv - v) * (hv + v))
+    fggv = fgg * v
+    scale = h * half  # dv_o = h dtheta, dv_i = half dx
+    fv = f * v
+    T0, T2 = fg.sum(-1) * scale, fgg.sum(-1) * scale
+    T1, T3 = (fg * v).sum(-1) * scale, fggv.sum(-1) * scale
+    T4, T5 = (fggv * v).sum(-1) * scale, f.sum(-1) * scale
+    T6, T7 = fv.sum(-1) * scale, (fv * v).sum(-1) * scale
+    return torch.stack([T0, T1, vo * T0, T2, T3, vo * T2, T4, vo * T3, vo * vo * T2, T5,
+                        T6, vo * T5, T7, vo * T6, vo * vo * T5])
+
+
+def _slice_sum(prm, theta, x, w, block=32):
+    """``_slice_terms`` summed over the angles, in blocks of angles to bound the memory."""
+    return sum(_sum_last(_slice_terms(prm, theta[:, k:k + block], x, w)) for k in range(0, theta.shape[-1], block))
+
+
+def _slice_norms(D, dtype, device):
+    """Normalizers of the fifteen entries: Z1 (E_w), Z2 (E_w2), the volume of the ball (means)."""
+    Z1, Z2 = _BALL_Z[D]
+    vol = 2.0 if D == 1 else math.pi
+    return torch.tensor([Z1] * 3 + [Z2] * 6 + [vol] * 6, dtype=dtype, device=device)[:, None]
+
+
+def _slice_quadrature_2d(pp, fr, log_sup, i_max, lb, mask, B, bidx, tol, rule, info):
+    r"""Moments of the slice route (2D) for flat pairs: ``(10, p)`` entries
+    :math:`[E_wf, E_wv_if, E_wv_of, E_{w2}f, E_{w2}v_if, E_{w2}v_of, E_{w2}v_i^2f, E_{w2}v_iv_of,
+    E_{w2}v_o^2f, \bar f]` in the frame ``fr`` (zero for the negligible pairs and those not in ``mask``;
+    ``mask=None``: all).  ``lb`` is the per-pair lower bound of :math:`s_b` (a mean over the disk) that
+    sets the tolerance, ``bidx`` the batch element of each pair."""
+    p = lb.shape[0]
+    dtype, device = lb.dtype, lb.device
+    log_a = fr["log_a"]
+    log_tol_abs = math.log(tol) + torch.log(lb)
+    quad = log_sup + math.log(12.0) > log_tol_abs  # the others add less than tol_abs / 4
+    if mask is not None:
+        quad = quad & mask
+    m = min(_nodes_for_tol(tol), 2 * (rule.max_quadrature // 2))
+    # chord windows: points where the inner factor is below e^{-depth} of its peak add less than
+    # tol_abs / 24 (each moment entry is a mean with a weight at most pi / Z2 = 3); the rule there has to
+    # resolve an exponent that varies by the depth (a stiff chord) or by a_i / 2 + |b_i| + |c_i| (a whole one)
+    ai = fr["ai"]
+    depth = (log_sup - log_tol_abs + math.log(72.0)).clamp_min(1.0)
+    if rule.read_free:
+        depth = depth.clamp_max(_READ_FREE_DEPTH)
+    wi = torch.where(ai > 0, (2.0 * depth / torch.where(ai > 0, ai, 1.0)).sqrt(), math.inf)
+    whole = wi >= 2.0
+    wi = torch.where(whole, math.inf, wi)
+    reach = 1.0 + fr["ri"].abs()  # |delta_i| on a chord
+    chord = 0.5 * ai * reach**2 + (fr["gi"].abs() + fr["ci"].abs() * (1.0 + fr["ro"].abs())) * reach
+    variation = torch.where(whole, chord, depth)
+    prm = torch.stack([fr[k] if k != "wi" else wi for k in _SLICE_ROWS])
+    start, span, factor = _slice_windows(fr, log_a, i_max, log_tol_abs, m)
+    if rule.n_quadrature is not None:  # the fixed rule: n angles on the whole circle
+        start = torch.full_like(start, -0.5 * math.pi)
+        span, factor = torch.full_like(span, 2.0 * math.pi), torch.full_like(factor, 0.5)
+    norms = _slice_norms(2, dtype, device)
+    if rule.read_free:
+        n = rule.n_quadrature or min(m * 2**_READ_FREE_SLICE_ROUNDS, 2 * (rule.max_quadrature // 2))
+        x, w = _legendre_gauss(_gl_count(_READ_FREE_DEPTH, tol), dtype, device)
+        theta = start[:, None] + (span[:, None] / n) * torch.arange(n, dtype=dtype, device=device)
+        E = _slice_sum(prm, theta, x, w) * ((span * factor) / n / norms)
+        return torch.where(quad, E, 0.0)
+    E = torch.zeros(15, p, dtype=dtype, device=device)
+    idx = quad.nonzero().squeeze(-1)
+    info["slices"].update(quadrature=idx.numel(), skipped=p - idx.numel() if mask is None else int((mask & ~quad).sum()))
+    if idx.numel() == 0:
+        return E
+    n_in = _gl_count(float(variation[idx].max()), tol)
+    info["slices"]["chord_nodes"] = n_in
+    x, w = _legendre_gauss(n_in, dtype, device)
+    if rule.n_quadrature is not None:
+        n = rule.n_quadrature
+        theta = start[idx, None] + (span[idx, None] / n) * torch.arange(n, dtype=dtype, device=device)
+        E[:, idx] = _slice_sum(prm[:, idx], theta, x, w) * ((span * factor)[idx] / n / norms)
+        return E
+    _slice_adaptive(prm[:, idx], start[idx], span[idx], factor[idx], idx, bidx[idx], B, lb, tol,
+                    rule.max_quadrature, m, x, w, norms, E, info)
+    return E
+
+
+def _slice_adaptive(prm, start, span, factor, idx, bidx, B, lb, tol, max_nodes, m, x, w, norms, E, info):
+    """Refine the windowed trapezoid rule of the slice route by doubling, as :func:`_lemma1_adaptive`."""
+    dtype, device = prm.dtype, prm.device
+    h = span / m
+    j = torch.cat([torch.arange(0, m, 2), torch.arange(1, m, 2)]).to(dtype=dtype, device=device)
+    halves = _sum_last(_slice_terms(prm, start[:, None] + j * h[:, None], x, w).view(15, -1, 2, m // 2))
+    tot = halves.sum(-1)
+    wt = factor / norms  # (15, p)
+    I_cur = tot * (wt * h)
+    est = (I_cur - halves[..., 0] * (wt * 2.0 * h)).abs().amax(0)
+    conv = torch.zeros_like(est, dtype=torch.bool)
+    s_start = torch.zeros(B, dtype=dtype, device=device).scatter_reduce(0, bidx, lb[idx], "amax")
+    mean = 9  # the entry of the mean of f over the disk
+    nodes, rounds, m_r = idx.numel() * m, 0, m
+    while True:
+        for _ in range(2):  # s_b from the lower bound and the converged pairs; it grows
+            s_b = s_start.scatter_reduce(0, bidx, torch.where(conv, I_cur[mean], 0.0), "amax")
+            conv = est <= tol * torch.maximum(s_b[bidx], I_cur[mean])
+        act = (~conv).nonzero().squeeze(-1)
+        if act.numel() == 0 or 2 * m_r > max_nodes:
+            break
+        rounds += 1
+        h_a = h[act] / 2 ** (rounds - 1)
+        theta = start[act, None] + (torch.arange(m_r, dtype=dtype, device=device) + 0.5) * h_a[:, None]
+        tot_a = tot[:, act] + _slice_sum(prm[:, act], theta, x, w)
+        I_new = tot_a * (wt[:, act] * h_a * 0.5)
+        est[act] = (I_new - I_cur[:, act]).abs().amax(0)
+        tot[:, act], I_cur[:, act] = tot_a, I_new
+        nodes += act.numel() * m_r
+        m_r *= 2
+    E[:, idx] = I_cur
+    info["slices"].update(rounds=rounds, nodes=nodes, unconverged=act.numel(),
+                          max_error_estimate=float((est / s_b[bidx]).max()))
+
+
+def _slice_setup_1d(pp, Mp):
+    """The anchor (``b / a`` if ``a >= 1``, else 0), the slope there and ``log psi_j(mu + m r)`` (1D)."""
+    a, b = pp["A00"], pp["b0"]
+    r, g = _anchor(a, b, a >= _STIFF)
+    e = Mp[:, 0, 0] * r - pp["d0"]
+    return {"a": a, "r": r, "g": g, "log_a": pp["lognorm"] - 0.5 * pp["i00"] * e * e}
+
+
+def _slice_bounds_1d(fr):
+    """Upper bound of log psi_j(mu + M u) on [-1, 1] and a lower bound of its mean there (1D)."""
+    a, r, g, log_a = fr["a"], fr["r"], fr["g"], fr["log_a"]
+    e_max, _ = _max_quadratic(a, g, -1.0 - r, 1.0 - r)
+    rho = torch.where(a > 4.0, a.clamp_min(4.0).rsqrt(), 0.5)
+    e_c, x_c = _max_quadratic(a, g, -(1.0 - rho) - r, (1.0 - rho) - r)
+    grad = (g - a * x_c).abs()
+    lb = rho * torch.exp(log_a + e_c - grad * rho - 0.5 * a * rho * rho)
+    return log_a + e_max, lb
+
+
+def _slice_quadrature_1d(fr, log_sup, lb, mask, tol, rule, info):
+    """The slice route in 1D: one chord, [-1, 1], by Gauss-Legendre; ``(15, p)`` entries as in 2D (the
+    v_o entries zero).  The number of nodes covers the pairs that are not negligible."""
+    dtype, device = lb.dtype, lb.device
+    a, r, g, log_a = fr["a"], fr["r"], fr["g"], fr["log_a"]
+    variation = 0.5 * a * (1.0 + r.abs()) ** 2 + g.abs() * (1.0 + r.abs())
+    if rule.read_free:
+        n_in = _gl_count(_GL_VARIATION[-1], tol)
+    else:
+        relevant = log_sup + math.log(12.0) > math.log(tol) + torch.log(lb)
+        n_in = _gl_count(float(torch.where(relevant, variation, 0.0).max()), tol)
+        info["slices"].update(quadrature=lb.shape[0], chord_nodes=n_in)
+    x, w = _legendre_gauss(n_in, dtype, device)
+    dx = x - r.unsqueeze(-1)
+    expo = log_a.unsqueeze(-1) + dx * (g.unsqueeze(-1) - 0.5 * a.unsqueeze(-1) * dx)
+    f = torch.exp(expo.clamp_min(math.log(torch.finfo(dtype).tiny)))
+    S0, S1, S2, S3, S4, S5, S6, S7 = (f @ _chord_matrix(x, w)).unbind(-1)
+    zero = torch.zeros_like(S0)
+    E = torch.stack([S0, S1, zero, S2, S3, zero, S4, zero, zero, S5, S6, zero, S7, zero, zero])
+    E = E / _slice_norms(1, dtype, device)
+    return E if mask is None else torch.where(mask, E, 0.0)
+
+
+class _Rule(NamedTuple):
+    """How the moments are integrated: ``n_quadrature`` (``None``: adaptive), ``tol``, ``max_quadrature``,
+    and ``read_free`` (no host reads: fixed refinement instead of the adaptive loop)."""
+
+    n_quadrature: int | None
+    tol: float
+    max_quadrature: int
+    read_free: bool
+
+
+def _empty_info():
+    keys = ("closed_form", "skipped", "quadrature", "rounds", "nodes", "unconverged")
+    return {"lemma1": dict.fromkeys(keys, 0) | {"max_error_estimate": 0.0},
+            "slices": dict.fromkeys(keys[1:], 0) | {"chord_nodes": 0, "max_error_estimate": 0.0}}
+
+
+def _routes(pairs, D, rule):
+    r"""``(stiff, movable, a1, angle)``: the ``(B, N)`` masks of the pairs whose :math:`\psi_j` is narrower
+    than the ellipse in every direction (:math:`a_2\ge1`, which makes :math:`M` invertible: the route of
+    Lemma 1) and of those among them that the chords of the slice route can take (see
+    :func:`_lemma1_masks` for the ones moved there); the largest eigenvalue of :math:`A_j`, and the angle
+    of its eigenvector (2D)."""
+    if D == 1:
+        a1 = a2 = pairs["A00"]
+        stiff = a2 >= _STIFF
+        v_max = _GL_READ_FREE_VARIATION if rule.read_free else _GL_VARIATION[-1]
+        return stiff, stiff & (0.5 * a2 + pairs["b0"].abs() <= v_max), a1, None
+    # in 2D the chords of the slice route are windowed: they take any pair
+    a1, a2, angle = _eig2(pairs["A00"], pairs["A01"], pairs["A11"], pairs["detA"])
+    return a2 >= _STIFF, a2 >= _STIFF, a1, angle
+
+
+def _sparsemax_moments(mu, S, centers, cov, rule):
+    r"""Forward of continuous sparsemax for ``S`` :math:`=-2\lambda\Sigma=(D+4)V` (``(B, D, D)``, PSD).
+
+    Returns ``(r, saved, info)``: ``r`` ``(B, N)``, the tensors the backward pass needs, and the
+    diagnostics (``None`` on the read-free path).
+    """
+    B, D = mu.shape
+    N = centers.shape[0]
+    P = B * N
+    dtype, device = mu.dtype, mu.device
+    tol = rule.tol
+    M = _psd_factor(S)
+    detM = torch.diagonal(M, dim1=-2, dim2=-1).prod(-1)  # (B,)
+    Z1 = _BALL_Z[D][0]
+    vol = 2.0 if D == 1 else math.pi  # the volume of the unit ball
+    tiny = torch.finfo(dtype).tiny
+    pairs = _pairs(mu, M, centers, cov)
+    info = None if rule.read_free else _empty_info() | {"pairs": P}
+    stiff, movable, a1, angle = _routes(pairs, D, rule)
+    # ---- route 1: Lemma 1 (U moments: masses on the ellipse E, of area |E| = vol det M).  Pairs in the tails
+    # whose round-off there could exceed the tolerance go to the slice route instead (see _lemma1_masks).
+    ellipse = vol * detM
+    zero_b = torch.zeros(B, dtype=dtype, device=device)
+    if D == 1:
+        lemma1 = stiff & ~(movable & (pairs["mt0"].abs() > _FAR))
+        U0, U1, U2 = _ball_moments_1d(torch.where(lemma1, pairs["mt0"], 0.0), 1.0 / torch.where(lemma1, a1, 1.0))
+        U0, U1, U2 = (torch.where(lemma1.view(B, N, *([1] * k)), x, 0.0) for k, x in ((0, U0), (1, U1), (2, U2)))
+        lb1_route = zero_b
+    elif not rule.read_free and not bool(stiff.any()):  # no Lemma-1 pair
+        lemma1 = stiff
+        U0 = torch.zeros(B, N, dtype=dtype, device=device)
+        U1, U2 = U0.new_zeros(B, N, D), U0.new_zeros(B, N, D, D)
+        lb1_route = zero_b
+    else:
+        pair = _lemma1_pair_2d(pairs, stiff, all_route=not rule.read_free and bool(stiff.all()))
+        U, closed, quad1, lb1_b, lb1_route, tail = _lemma1_masks(pair, tol, stiff, zero_b)
+        moved = movable & tail
+        if rule.read_free:  # needles: the rays would need more angles than the fixed rule has
+            moved = moved | (quad1 & (a1 > _READ_FREE_ANISOTROPY * a1.new_ones(()) * _eig_small(pairs, a1)))
+        lemma1, quad1 = stiff & ~moved, quad1 & ~moved
+        if rule.n_quadrature is not None:  # the fixed rule for every pair of the route
+            U = torch.where(lemma1.view(-1), _ball_moments_2d_entries(pair, rule.n_quadrature).view(6, -1), U)
+        elif rule.read_free:
+            U = _lemma1_read_free(pair, quad1, tol, lb1_b, U, rule.max_quadrature)
+        else:
+            idx = quad1.view(-1).nonzero().squeeze(-1)
+            n_closed = int(closed.sum())
+            info["lemma1"].update(closed_form=n_closed, quadrature=idx.numel(),
+                                  skipped=int(lemma1.sum()) - n_closed - idx.numel())
+            if idx.numel() > 0:
+                _lemma1_adaptive(pair, idx, tol, lb1_b, closed, U, info, rule.max_quadrature)
+        U0, U1, U2 = _moments_from_entries(U.view(6, B, N))
+    if info is not None and D == 1:
+        info["lemma1"]["closed_form"] = int(lemma1.sum())
+    # The pairs of the slice route: all of them, masked, without host reads; else their list.
+    if rule.read_free:
+        sel, mask2 = None, ~lemma1.reshape(-1)
+        bidx2 = torch.arange(P, device=device) // N
+    else:
+        sel, mask2 = (~lemma1).reshape(-1).nonzero().squeeze(-1), None
+        bidx2 = sel // N
+    n2 = P if sel is None else sel.numel()
+    has1 = lemma1.any(-1)
+    detM_safe = torch.where(has1, detM, 1.0)
+    minus_lam = torch.where(has1, 1.0 / (Z1 * detM_safe), 0.0)  # -lambda = 1 / (Z1 det M)
+    trU2 = torch.diagonal(U2, dim1=-2, dim2=-1).sum(-1)
+    r = (minus_lam[:, None] * (U0 - trU2)).reshape(-1)  # (A.15)/(A.23)
+    # ---- route 2: slices (means over the disk), with s_b at least the Lemma-1 results
+    if n2:
+        pp = _gather(pairs, sel, B, N)
+        if D == 1:
+            fr = _slice_setup_1d(pp, M[bidx2])
+            log_sup, lb2 = _slice_bounds_1d(fr)
+        else:
+            a1_2, angle_2 = (x.reshape(-1) if sel is None else x.reshape(-1)[sel] for x in (a1, angle))
+            fr = _slice_setup_2d(pp, a1_2, angle_2, M[bidx2])
+            log_sup, i_max, lb2 = _slice_bounds_2d(pp, fr, a1_2)
+        lb2_b = zero_b.scatter_reduce(0, bidx2, lb2 if mask2 is None else torch.where(mask2, lb2, 0.0), "amax")
+        ellipse_safe = vol * detM_safe
+        floor = torch.maximum(torch.maximum(lb2_b, lb1_route / ellipse_safe),
+                              torch.where(lemma1, U0 / ellipse_safe[:, None], 0.0).amax(-1))
+        lb_b = floor.clamp_min(math.sqrt(tiny))
+        if D == 1:
+            E = _slice_quadrature_1d(fr, log_sup, lb_b[bidx2], mask2, tol, rule, info)
+            one, zero = torch.ones_like(pp["q"]), torch.zeros_like(pp["q"])
+            e_i, e_o = one[:, None], zero[:, None]
+        else:
+            E = _slice_quadrature_2d(pp, fr, log_sup, i_max, lb_b[bidx2], mask2, B, bidx2, tol, rule, info)
+            e_i, e_o = torch.stack([fr["ei0"], fr["ei1"]], -1), torch.stack([fr["eo0"], fr["eo1"]], -1)
+        W0, Wi, Wo, X0, Xi, Xo, Xii, Xio, Xoo, K0, Ki, Ko, Kii, Kio, Koo = E
+        outer = lambda x, y: x.unsqueeze(-1) * y.unsqueeze(-2)  # noqa: E731
+        io = outer(e_i, e_o) + outer(e_o, e_i)
+
+        def vec(a, b):  # back to u = v_i e_i + v_o e_o
+            return a[:, None] * e_i + b[:, None] * e_o
+
+        def mat(a, b, c):
+            return a[:, None, None] * outer(e_i, e_i) + b[:, None, None] * io + c[:, None, None] * outer(e_o, e_o)
+
+        W1, X1, X2 = vec(Wi, Wo), vec(Xi, Xo), mat(Xii, Xio, Xoo)
+        K1, K2 = vec(Ki, Ko), mat(Kii, Kio, Koo)
+        stiff2 = stiff.reshape(-1) if sel is None else stiff.reshape(-1)[sel]
+        r = torch.where(mask2, W0, r) if sel is None else r.index_copy(0, sel, W0)
+        if D == 1:
+            d2 = pp["d0"][:, None]
+            Sinv2 = pp["i00"][:, None, None]
+        else:
+            d2 = torch.stack([pp["d0"], pp["d1"]], -1)
+            Sinv2 = torch.stack([torch.stack([pp["i00"], pp["i01"]], -1), torch.stack([pp["i01"], pp["i11"]], -1)], -2)
+        route2 = (W0, W1, X0, X1, X2, K0, K1, K2, stiff2, d2, Sinv2, bidx2, mask2 if sel is None else sel)
+    else:
+        route2 = ()
+    saved = (M, lemma1, minus_lam, U0, U1, U2) + route2
+    return r.view(B, N), saved, info
+
+
+def _sparsemax_grads(grad_r, mu, saved):
+    """``(dL/dmu, dL/dS)`` from the saved moments (see the comment at the head of this section)."""
+    M, lemma1, minus_lam, U0, U1, U2, *route2 = saved
+    D = mu.shape[-1]
+    Z1, Z2 = _BALL_Z[D]
+    eye = torch.eye(D, dtype=mu.dtype, device=mu.device)
+    # route 1: 2 (-lambda) M^{-T} sum_j g_j U1_j and (-lambda) M^{-T} sum_j g_j (U2_j - (U0_j - tr U2_j) I / 2) M^{-1}
+    g1 = torch.where(lemma1, grad_r, 0.0)
+    V1 = torch.einsum("bn,bnd->bd", g1, U1)
+    trU2 = torch.diagonal(U2, dim1=-2, dim2=-1).sum(-1)
+    Q = torch.einsum("bn,bnde->bde", g1, U2) - 0.5 * torch.einsum("bn,bn->b", g1, U0 - trU2)[:, None, None] * eye
+    has1 = lemma1.any(-1)[:, None, None]
+    M_inv = torch.where(has1, torch.linalg.solve_triangular(torch.where(has1, M, eye), eye, upper=False), 0.0)
+    grad_mu = 2.0 * minus_lam[:, None] * (M_inv.transpose(-1, -2) @ V1.unsqueeze(-1)).squeeze(-1)
+    grad_S = minus_lam[:, None, None] * (M_inv.transpose(-1, -2) @ Q @ M_inv)
+    if route2:
+        W0, W1, X0, X1, X2, K0, K1, K2, stiff2, d, Sinv, bidx, sel = route2
+        g = grad_r.reshape(-1)
+        g2 = torch.where(sel, g, 0.0) if sel.dtype == torch.bool else g[sel]
+        Mp = M[bidx]  # (p, D, D)
+        outer = lambda x, y: x.unsqueeze(-1) * y.unsqueeze(-2)  # noqa: E731
+        # route 2, soft pairs, per pair: E_w[grad psi_j] and Z2 / (8 Z1) E_w2[Hess psi_j], with grad psi_j =
+        # Sigma_j^{-1} e psi_j and Hess psi_j = (Sigma_j^{-1} e e^T Sigma_j^{-1} - Sigma_j^{-1}) psi_j, e = mu_j - t
+        # = d - M u: no M^{-1}, but the Hessian's terms cancel by about a_1 (psi_j narrow along a direction)
+        MW1 = (Mp @ W1.unsqueeze(-1)).squeeze(-1)
+        MX1 = (Mp @ X1.unsqueeze(-1)).squeeze(-1)
+        e_w = d * W0[:, None] - MW1  # E_w[e f]
+        ee = X0[:, None, None] * outer(d, d) - outer(d, MX1) - outer(MX1, d) + Mp @ X2 @ Mp.transpose(-1, -2)
+        mu_soft = (Sinv @ e_w.unsqueeze(-1)).squeeze(-1)
+        S_soft = (Z2 / (8.0 * Z1)) * (Sinv @ ee @ Sinv - X0[:, None, None] * Sinv)
+        # stiff pairs (a_2 >= 1, M invertible; moved here from the tails of Lemma 1): the first form, from the
+        # means K of u^k f over the ball, -lambda det M = 1 / Z1: U_k = vol det M K_k
+        vol = 2.0 if D == 1 else math.pi
+        Mp_inv = torch.linalg.solve_triangular(torch.where(stiff2[:, None, None], Mp, eye), eye, upper=False)
+        mu_stiff = (2.0 * vol / Z1) * (Mp_inv.transpose(-1, -2) @ K1.unsqueeze(-1)).squeeze(-1)
+        trK2 = torch.diagonal(K2, dim1=-2, dim2=-1).sum(-1)
+        S_stiff = (vol / Z1) * (Mp_inv.transpose(-1, -2) @ (K2 - 0.5 * (K0 - trK2)[:, None, None] * eye) @ Mp_inv)
+        mu_pair = torch.where(stiff2[:, None], mu_stiff, mu_soft)
+        S_pair = torch.where(stiff2[:, None, None], S_stiff, S_soft)
+        grad_mu = grad_mu.index_add(0, bidx, g2[:, None] * mu_pair)
+        grad_S = grad_S.index_add(0, bidx, g2[:, None, None] * S_pair)
+    return grad_mu, _sym(grad_S)
 
 
 class _ContinuousSparsemaxFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, mu, Sigma, centers, cov, n_quadrature, tol, max_quadrature):
-        if mu.shape[-1] == 1:
-            Lc, minus_lam, M, P, mu_t, _, _ = _sparsemax_setup(mu, Sigma, centers, cov)
-            U0, U1, U2 = _ball_moments_1d(mu_t[..., 0], 1.0 / P[..., 0, 0])
-        else:
-            Lc, minus_lam, M, pair = _setup_2d(mu, Sigma, centers, cov)
-            if n_quadrature is None:
-                U0, U1, U2, info = _ball_moments_2d_adaptive(pair, tol, max_quadrature)
-                if info["unconverged"]:
-                    warnings.warn(
-                        f"continuous_sparsemax: the adaptive angular rule reached max_quadrature={max_quadrature} "
-                        f"nodes for {info['unconverged']} of {info['pairs']} (batch, basis) pairs; largest error "
-                        f"estimate {info['max_error_estimate']:.1e} (relative), tol={tol:.1e}",
-                        RuntimeWarning,
-                        stacklevel=4,
-                    )
-            else:
-                U0, U1, U2 = _ball_moments_2d(pair, n_quadrature)
-        trU2 = torch.diagonal(U2, dim1=-2, dim2=-1).sum(-1)
-        r = minus_lam.unsqueeze(-1) * (U0 - trU2)  # (A.15)/(A.23)
-        ctx.save_for_backward(mu, Sigma, Lc, minus_lam, M, U0, U1, U2)
+    def forward(ctx, mu, S, centers, cov, rule):
+        r, saved, info = _sparsemax_moments(mu, S, centers, cov, rule)
+        if info is not None:
+            bad = {k: v for k, v in info.items() if isinstance(v, dict) and v["unconverged"]}
+            if bad:
+                worst = max(v["max_error_estimate"] for v in bad.values())
+                count = sum(v["unconverged"] for v in bad.values())
+                warnings.warn(
+                    f"continuous_sparsemax: the adaptive angular rule reached max_quadrature={rule.max_quadrature} "
+                    f"nodes for {count} of {info['pairs']} (batch, basis) pairs; largest error estimate "
+                    f"{worst:.1e} (relative), tol={rule.tol:.1e}",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        ctx.save_for_backward(mu, *saved)
         return r
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_r, *_):
-        mu, Sigma, Lc, minus_lam, M, U0, U1, U2 = ctx.saved_tensors
-        d = mu.shape[-1]
-        # contract the beta=0 covariance (A.24)-(A.25) with g before forming matrices
-        W0 = (grad_r * U0).sum(-1)  # (B,)
-        W1 = torch.einsum("bn,bnd->bd", grad_r, U1)
-        W2 = torch.einsum("bn,bnde->bde", grad_r, U2)
-        MW1 = (M @ W1.unsqueeze(-1)).squeeze(-1)
-        g1 = MW1
-        g2 = (
-            MW1.unsqueeze(-1) * mu.unsqueeze(-2)
-            + mu.unsqueeze(-1) * MW1.unsqueeze(-2)
-            + M @ W2 @ M.transpose(-1, -2)
-            - (2.0 * minus_lam / (d + 2) * W0)[:, None, None] * Sigma
-        )
-        Sigma_inv = torch.cholesky_inverse(Lc)
-        grad_mu, grad_Sigma = _theta_grad_to_mu_sigma(g1, g2, mu, Sigma_inv)
-        return grad_mu, grad_Sigma, None, None, None, None, None
+    def backward(ctx, grad_r):
+        mu, *saved = ctx.saved_tensors
+        grad_mu, grad_S = _sparsemax_grads(grad_r, mu, saved)
+        return grad_mu, grad_S, None, None, None
 
 
 def _default_tol(dtype: torch.dtype) -> float:
@@ -1068,13 +1797,36 @@ def _check_quadrature_args(n_quadrature, tol, max_quadrature):
         if tol is not None:
             raise ValueError("tol applies to the adaptive rule only; pass n_quadrature=None to use it")
     if tol is not None:
-        tol = check_positive(tol, "tol")
-        if tol >= 1:
-            raise ValueError(f"tol must be a relative tolerance in (0, 1); got {tol}")
-    max_quadrature = check_int(max_quadrature, "max_quadrature")
-    if max_quadrature < 8:
-        raise ValueError(f"max_quadrature must be >= 8; got {max_quadrature}")
+        tol = check_number(tol, "tol", low=0.0, high=1.0, low_open=True, high_open=True)
+    max_quadrature = check_int(max_quadrature, "max_quadrature", minimum=8)
     return n_quadrature, tol, max_quadrature
+
+
+def _sparsemax_scale(Sigma: torch.Tensor) -> torch.Tensor:
+    r""":math:`S=-2\lambda\Sigma` (eq. (3.15)) for SPD ``(B, D, D)`` scales, differentiable, without reading values."""
+    d = Sigma.shape[-1]
+    L = torch.linalg.cholesky_ex(Sigma)[0]
+    half_logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+    minus_lam = torch.exp((2.0 / (d + 2)) * (math.log(_gaussian_const(d)) - half_logdet))
+    return (2.0 * minus_lam)[:, None, None] * Sigma
+
+
+def _sparsemax_from_S(mu_f, S, centers, cov, n_quadrature, tol, max_quadrature):
+    """Continuous sparsemax for validated ``(B, D)`` means and ``S = (D + 4) V`` in the compute dtype."""
+    if mu_f.shape[0] == 0:
+        return mu_f.new_zeros((0, centers.shape[0]))
+    rule = _Rule(n_quadrature, tol, max_quadrature, not host_reads_allowed(mu_f, S))
+    return _ContinuousSparsemaxFn.apply(mu_f, S, centers, cov, rule)
+
+
+def _sparsemax_diagnostics(mu, Sigma, basis, *, tol=None, max_quadrature=DEFAULT_MAX_QUADRATURE) -> dict:
+    """The adaptive rule's diagnostics for ``continuous_sparsemax(mu, Sigma, basis)`` (benchmarks, tests):
+    per route, the pairs in closed form, negligible and by quadrature, the refinement rounds, the nodes
+    evaluated (angles; times the chord nodes for slices) and the largest error estimate left."""
+    mu_f, Sigma_f, centers, cov, _, _ = _prepare(mu, Sigma, basis, "continuous_sparsemax", definite=True)
+    tol = _default_tol(mu_f.dtype) if tol is None else tol
+    rule = _Rule(None, tol, max_quadrature, False)
+    return _sparsemax_moments(mu_f, _sparsemax_scale(Sigma_f), centers, cov, rule)[-1]
 
 
 def continuous_sparsemax(
@@ -1089,55 +1841,87 @@ def continuous_sparsemax(
     r"""Continuous sparsemax attention :math:`r_j=\mathbb E_{\mathcal{TP}(\mu,\Sigma)}[\psi_j(t)]`, :math:`D\in\{1,2\}`.
 
     For :math:`p(t)=[-\lambda-\frac12(t-\mu)^\top\Sigma^{-1}(t-\mu)]_+` (eq. (3.14)) the affine map
-    :math:`t=\mu+\sqrt{-2\lambda}\,\Sigma^{1/2}u` sends the support to the unit ball and, by Lemma 1
-    of Appendix A.2 of the continuous-attention thesis,
+    :math:`t=\mu+Mu`, :math:`MM^\top=-2\lambda\Sigma` (:math:`M=\sqrt{-2\lambda}\,\operatorname{chol}\Sigma`),
+    sends the support to the unit ball, :math:`p(t)\,dt` to :math:`w(u)\,du=(1-\|u\|^2)\,du/Z_1`, and
 
     .. math::
 
-        r_j = -\lambda\int_{\|u\|\le1}(1-\|u\|^2)\,\mathcal N(u;\tilde\mu_j,\tilde\Sigma_j)\,du
-            \;\overset{D=2}{=}\; -\lambda\int_0^{2\pi}\tilde s_j(\varphi)F_j(\varphi)\,d\varphi
+        r_j = \int_{\|u\|\le1} w(u)\,\psi_j(\mu+Mu)\,du,\qquad
+        \psi_j(\mu+Mu)=\psi_j(\mu)\,e^{-\frac12u^\top A_ju+b_j^\top u},\quad
+        A_j=M^\top\Sigma_j^{-1}M,\ b_j=M^\top\Sigma_j^{-1}(\mu_j-\mu).
 
-    (eqs. (A.15), (A.23)), with :math:`F_j` the radial integral of eq. (A.22) in closed form.
-    For :math:`D=1` the whole integral is in closed form (truncated Gaussian moments).  For
-    :math:`D=2` the angular integral uses the periodic trapezoid rule
-    :math:`T_n=\frac{2\pi}{n}\sum_{k}h(\varphi_0+2\pi k/n)` (no duplicated endpoint), which converges
-    geometrically in :math:`n` because the integrand is analytic and :math:`2\pi`-periodic.
+    No inverse of :math:`M` appears, so the computation stays accurate down to the point-mass limit
+    :math:`\Sigma\to0`, where :math:`r_j\to\psi_j(\mu)`.  Each pair (batch element :math:`b`, basis
+    function :math:`j`) takes one of two routes:
 
-    * ``n_quadrature=None`` (default): an **adaptive** rule with a relative tolerance ``tol``.  Every
-      moment :math:`\int_{\|u\|\le1}u^{\otimes k}\mathcal N(u;\tilde\mu_j,\tilde\Sigma_j)du`, :math:`k\le2`,
-      of every pair (batch element :math:`b`, basis function :math:`j`) is computed to within
-      ``tol`` :math:`\cdot\,s_b`, :math:`s_b=\max_j\int_{\|u\|\le1}\mathcal N(u;\tilde\mu_j,\tilde\Sigma_j)du`,
-      as follows.  A Gaussian whose tail outside the disk is provably below that bound is integrated in
-      closed form (:math:`U_0=1`, :math:`U_1=\tilde\mu_j`, :math:`U_2=\tilde\Sigma_j+\tilde\mu_j\tilde\mu_j^\top`);
-      one whose mass on the disk is provably below it contributes zero.  For the others, the angles whose
-      rays stay farther than a provable distance from :math:`\tilde\mu_j` are skipped, and the rule
-      :math:`T_n` on the remaining window of angles is refined by doubling :math:`n` (reusing the old
-      nodes; the new ones are the midpoints) until :math:`|T_n-T_{n/2}|`, the error estimate of
-      :math:`T_{n/2}`, is below the bound for all six moment entries (which are also those of the
-      backward pass); :math:`T_n` is returned, so by the geometric convergence the actual error is
-      usually far below ``tol``.  The refinement is batched over the pairs that have not converged;
-      at most ``max_quadrature`` nodes per pair are evaluated, and a ``RuntimeWarning`` is issued if a
-      pair is still above the tolerance then.  The relative error of :math:`r` is of the order of
-      ``tol`` (:math:`r_j=-\lambda(U_{0,j}-\operatorname{tr}U_{2,j})`).
-    * ``n_quadrature=n``: the fixed rule with :math:`n` nodes :math:`\varphi_k=2\pi k/n` for every pair.
-      Its error depends on the ellipse: :math:`n=256` is within :math:`10^{-8}` in the VQA setting of the
-      thesis (:math:`\Sigma_j=10^{-3}I` on a :math:`10\times10` grid, ellipses moment-matched from
-      :math:`14\times14` locations, near-uniform and corner-heavy weights included), :math:`n=64` is
-      not (about :math:`6\cdot10^{-3}` on the widest ellipses).
+    * when the smallest eigenvalue of :math:`A_j` is at least 1 (:math:`\psi_j` narrower than the
+      ellipse in every direction), Lemma 1 of Appendix A.2 of the continuous-attention thesis: the
+      Gaussian :math:`\mathcal N(u;\tilde\mu_j,\tilde\Sigma_j)`, :math:`\tilde\Sigma_j=A_j^{-1}`,
+      :math:`\tilde\mu_j=A_j^{-1}b_j`, integrated in polar coordinates, the radial integral in closed form
+      (eqs. (A.15), (A.22), (A.23); :math:`D=1`: truncated Gaussian moments in closed form) and the
+      angular one by the periodic trapezoid rule
+      :math:`T_n=\frac{2\pi}{n}\sum_kh(\varphi_0+2\pi k/n)`, which converges geometrically because the
+      integrand is analytic and :math:`2\pi`-periodic;
+    * otherwise (:math:`\psi_j` wide along some direction: small or needle-like ellipses, the basis
+      function far away), Cartesian slices of the disk: Gauss--Legendre on each chord along a soft
+      direction of :math:`A_j` (its number of nodes chosen from the variation of the exponent along the
+      chords), and the periodic trapezoid rule in :math:`\theta`, :math:`v_o=\sin\theta`, across them.
 
-    Nearly degenerate (needle-like) ellipses converge slowly with either rule, because the angular
-    integrand then has singularities close to the real axis.
+    ``n_quadrature=None`` (default) is an **adaptive** rule with a relative tolerance ``tol``.  Every
+    moment entry (below) of every pair is computed to within ``tol`` :math:`\cdot\,s_b`, :math:`s_b` the
+    largest mean of a basis function over the ellipse (:math:`\max_j\int_E\psi_j/|E|`), as follows.
+    Lemma-1 pairs whose Gaussian's tail outside the disk is provably below that bound are integrated in
+    closed form (:math:`U_0=1`, :math:`U_1=\tilde\mu_j`, :math:`U_2=\tilde\Sigma_j+\tilde\mu_j\tilde\mu_j^\top`);
+    pairs whose mass on the ellipse is provably below it contribute zero; of the others, the angles (rays
+    or slices) that provably add less are skipped, and the trapezoid rule on the remaining window of
+    angles is refined by doubling :math:`n` (reusing the old nodes; the new ones are the midpoints) until
+    :math:`|T_n-T_{n/2}|`, the error estimate of :math:`T_{n/2}`, is below the bound for all moment
+    entries (which are also those of the backward pass); :math:`T_n` is returned, so by the geometric
+    convergence the actual error is usually far below ``tol``.  The refinement is batched over the pairs
+    that have not converged; at most ``max_quadrature`` angles per pair are evaluated, and a
+    ``RuntimeWarning`` is issued if a pair is still above the tolerance then.
 
-    The backward pass uses eq. (3.20) with :math:`\beta=0`: the Jacobian w.r.t. :math:`\theta`
-    is :math:`\operatorname{cov}_{p,0}(\phi(t),\psi_j(t))=\int_E\phi\psi_j-\frac1{|E|}\int_E\phi\int_E\psi_j`
-    (eqs. (A.24)--(A.27)); its integrals are the same unit-ball moments
-    :math:`\int u^{\otimes k}\mathcal N(u;\tilde\mu_j,\tilde\Sigma_j)`, :math:`k\le2`, as the forward
-    pass, so they are computed once, kept, and the backward pass costs a few small matrix products.
+    **Without host reads.**  The adaptive loop reads values back (which pairs remain, their number, the
+    diagnostics); on a GPU each read is a synchronisation.  Where reads are not allowed
+    (:func:`attnopt.host_reads_allowed` is false: on a GPU under the default checks mode ``"auto"``, or in
+    mode ``"async"``), a read-free rule runs instead, on every pair at once (masked): the same closed
+    forms, negligible pairs and windows, then a fixed number of angles per pair, :math:`4m` rays for
+    Lemma-1 pairs and :math:`2m` slices for the others (:math:`m` is the first round of the adaptive rule:
+    34 in float64 at the default ``tol``, 22 in float32; at most ``max_quadrature``), Gauss--Legendre
+    chords with the nodes for an exponent varying by 24 (32 nodes in float64, 24 in float32), and
+    Lemma-1 pairs whose :math:`A_j` has an axis ratio above 8 (needles, on which the rays converge
+    slowly) integrated by slices; no error estimate, no warning.  Measured against SciPy
+    (``benchmarks/continuous.py``) it is as accurate as the adaptive rule on the regimes of the tests
+    (within :math:`10^{-10}` in float64 on the thesis's hard cases, :math:`2\cdot10^{-6}` in float32).
+    On the CPU it is about 40 (float32) to 100 (float64) times slower than the adaptive rule, since it
+    integrates every pair by both routes; it is meant for GPUs, where the adaptive loop would
+    synchronise at every round.
+
+    ``n_quadrature=n``: the fixed rule with :math:`n` angles :math:`\varphi_k=2\pi k/n` for every
+    Lemma-1 pair (and :math:`n` slice angles on the whole circle for the others).  Its error depends on
+    the ellipse: :math:`n=256` is within :math:`10^{-8}` in the VQA setting of the thesis
+    (:math:`\Sigma_j=10^{-3}I` on a :math:`10\times10` grid, ellipses moment-matched from :math:`14\times14`
+    locations, near-uniform and corner-heavy weights included), :math:`n=64` is not (about
+    :math:`6\cdot10^{-3}` on the widest ellipses).
+
+    The backward pass needs no further integral: it uses moments computed and kept by the forward pass.
+    For Lemma-1 pairs, eq. (3.20) with :math:`\beta=0` (the covariance
+    :math:`\operatorname{cov}_{p,0}(\phi(t),\psi_j(t))`, eqs. (A.24)--(A.27)), i.e. the moments
+    :math:`\int_{\|u\|\le1}u^{\otimes k}\mathcal N(u;\tilde\mu_j,\tilde\Sigma_j)du`, :math:`k\le2`; for
+    the others :math:`\partial r_j/\partial\mu=\mathbb E_w[\nabla\psi_j]` and, with
+    :math:`S=MM^\top`, :math:`\partial r_j/\partial S=\frac{Z_2}{8Z_1}\mathbb E_{w_2}[\nabla^2\psi_j]`
+    (:math:`w_2\propto(1-\|u\|^2)^2`, by integrating by parts), which need no :math:`M^{-1}` either;
+    the chain to :math:`\Sigma` is done by autograd.  Gradients are finite for every SPD
+    :math:`\Sigma`; w.r.t. :math:`\Sigma` they grow like :math:`|\Sigma|^{-1/2}` as :math:`\Sigma\to0`,
+    as the function does (:class:`ContinuousAttention` differentiates w.r.t. the covariance, which has
+    a finite gradient at 0).
 
     Args:
         mu: ``(..., D)`` locations.
         Sigma: ``(..., D, D)`` scale parameters (symmetric positive definite); *not* the
-            covariance of the density, see :func:`moment_match`.
+            covariance of the density, see :func:`moment_match`.  A singular scale has
+            :math:`\lambda=-\infty` and is refused; for a density with a singular covariance (a segment
+            or a point) use :class:`ContinuousAttention`, which works from the covariance.
         basis: :class:`GaussianRBF` on :math:`\mathbb R^D`, :math:`D\in\{1,2\}`.
         n_quadrature: ``None`` for the adaptive rule, or a fixed number of angular nodes (``D=2``;
             ignored for ``D=1``).
@@ -1147,20 +1931,34 @@ def continuous_sparsemax(
         max_quadrature: the largest number of angular nodes per pair in the adaptive rule.
 
     Returns:
-        ``(..., N)`` tensor :math:`r`.
+        ``(..., N)`` tensor :math:`r` in the dtype of ``mu``; an empty batch gives an empty result.
 
     Raises:
-        ValueError: if ``Sigma`` is not symmetric positive definite, ``D`` is not 1 or 2,
-            dimensions disagree, ``n_quadrature < 1``, ``tol`` is not in :math:`(0,1)` or is given
-            with a fixed ``n_quadrature``, or ``max_quadrature < 8``.
+        ValueError: if ``Sigma`` is not symmetric positive definite (singular included) or not finite,
+            ``mu`` is not finite, ``D`` is not 1 or 2, dimensions disagree, ``n_quadrature < 1``,
+            ``tol`` is not in :math:`(0,1)` or is given with a fixed ``n_quadrature``, or
+            ``max_quadrature < 8``.
+        TypeError: if ``basis`` is not a :class:`GaussianRBF`, a tensor is not floating point, ``mu``
+            and ``Sigma`` differ in dtype, or ``n_quadrature``/``max_quadrature`` are not ints.
+
+    Example:
+        >>> basis = GaussianRBF.grid(3, 0.3, dim=2, dtype=torch.float64)
+        >>> mu = torch.tensor([0.5, 0.5], dtype=torch.float64)
+        >>> r = continuous_sparsemax(mu, 1e-22 * torch.eye(2, dtype=torch.float64), basis)
+        >>> bool(torch.allclose(r, basis(mu), rtol=1e-9))   # the point-mass limit
+        True
+
+    References:
+        Farinhas (2021), chapter 4 and Appendix A.2; Martins et al. (2020).
     """
     n_quadrature, tol, max_quadrature = _check_quadrature_args(n_quadrature, tol, max_quadrature)
-    mu_f, Sigma_f, centers, cov, batch, dtype = _prepare(mu, Sigma, basis, "continuous_sparsemax")
+    mu_f, Sigma_f, centers, cov, batch, dtype = _prepare(mu, Sigma, basis, "continuous_sparsemax", definite=True)
     if mu_f.shape[-1] not in (1, 2):
         raise ValueError(f"continuous_sparsemax supports D in {{1, 2}}; got D={mu_f.shape[-1]}")
     if tol is None:
         tol = _default_tol(mu_f.dtype)
-    r = _ContinuousSparsemaxFn.apply(mu_f, Sigma_f, centers, cov, n_quadrature, tol, max_quadrature)
+    S = _sparsemax_scale(Sigma_f) if mu_f.shape[0] else Sigma_f
+    r = _sparsemax_from_S(mu_f, S, centers, cov, n_quadrature, tol, max_quadrature)
     return r.reshape(*batch, basis.n_basis).to(dtype)
 
 
@@ -1175,9 +1973,11 @@ class ContinuousAttention(nn.Module):
     Given discrete scores :math:`s\in\mathbb R^L` over locations :math:`t_l` and value features
     :math:`h_l\in\mathbb R^d`:
 
-    1. :math:`p=\operatorname{softmax}(s)`; :math:`(\mu,\Sigma)` by :func:`moment_match`;
-    2. :math:`r=\mathbb E_p[\psi(t)]` by :func:`continuous_softmax` (Gaussian :math:`p`) or
-       :func:`continuous_sparsemax` (truncated paraboloid :math:`p`);
+    1. :math:`p=\operatorname{softmax}(s)`; the mean :math:`\mu` and covariance :math:`V` of :math:`p`
+       on the locations (:func:`moment_match`);
+    2. :math:`r=\mathbb E[\psi(t)]` under the Gaussian (:func:`continuous_softmax`,
+       :math:`\Sigma=V`) or the truncated paraboloid (:func:`continuous_sparsemax`) with mean
+       :math:`\mu` and covariance :math:`V`;
     3. :math:`B=HG` by ridge regression (:func:`ridge_value_function`; :math:`G` depends only on
        the locations and the basis, so it is computed once here, as the thesis suggests);
     4. context :math:`c=Br`.
@@ -1192,8 +1992,29 @@ class ContinuousAttention(nn.Module):
         n_quadrature, tol, max_quadrature: the angular rule of 2D sparsemax, as in
             :func:`continuous_sparsemax` (default: adaptive with the dtype's default tolerance).
 
+    Peaked scores are handled in the limit.  The covariance :math:`V` of a one-hot softmax is 0 and
+    that of two tied locations is singular; both are valid: the Gaussian :math:`\mathcal N(\mu,V)` is
+    then the point mass (:math:`r=\psi(\mu)`) or a Gaussian on a line, and the truncated paraboloid is
+    parametrized by its covariance, :math:`-2\lambda\Sigma=(D+4)V` (Thm. 1), which stays defined when
+    its scale :math:`\Sigma` would be 0 (a density :math:`\propto(1-x^2)^{3/2}` on a segment in 2D, the
+    point mass at :math:`V=0`).  The backward pass differentiates w.r.t. :math:`V`, whose gradient is
+    finite at these limits (:math:`\partial r_j/\partial V\to\frac12\nabla^2\psi_j(\mu)` at the
+    point mass), so gradients w.r.t. the scores and values are finite for any finite scores.
+
     Shapes:
-        ``forward(scores (..., L), values (..., L, d)) -> (..., d)``.
+        ``forward(scores (..., L), values (..., L, d)) -> (..., d)``.  ``scores`` may hold ``-inf``
+        (masked locations) but not NaN or ``+inf``, and every row needs a finite score; an empty batch
+        gives an empty context.
+
+    Example:
+        >>> att = ContinuousAttention(GaussianRBF.grid(3, 0.3), grid_locations(4), family="truncated_paraboloid")
+        >>> scores = torch.full((16,), -float("inf")); scores[5] = 0.0      # one location: a point mass
+        >>> values = torch.eye(16)[:, :3]
+        >>> att(scores, values).shape
+        torch.Size([3])
+
+    References:
+        Farinhas (2021), §6.2.2; Martins et al. (2020).
     """
 
     def __init__(
@@ -1211,7 +2032,7 @@ class ContinuousAttention(nn.Module):
         super().__init__()
         if not isinstance(basis, GaussianRBF):
             raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
-        self.family = _check_family(family)
+        self.family = check_choice(family, "family", _FAMILIES)
         if self.family == "truncated_paraboloid" and basis.dim not in (1, 2):
             raise ValueError(f"continuous sparsemax supports D in {{1, 2}}; the basis has D={basis.dim}")
         self.n_quadrature, self.tol, self.max_quadrature = _check_quadrature_args(n_quadrature, tol, max_quadrature)
@@ -1231,22 +2052,43 @@ class ContinuousAttention(nn.Module):
         self.register_buffer("ridge_operator", _ridge_operator(locations, basis, self.penalty, padding))
 
     def forward(self, scores: torch.Tensor, values: torch.Tensor, *, return_density: bool = False):
-        """Context vectors; with ``return_density=True`` also ``(mu, Sigma)`` of the attention density."""
+        """Context vectors ``(..., d)``; with ``return_density=True`` also ``(mu, Sigma)`` of the attention
+        density (``Sigma`` its covariance for the Gaussian, its scale for the truncated paraboloid: 0
+        where the covariance is singular).
+
+        Raises:
+            ValueError: if ``scores`` holds NaN or ``+inf`` or a row with no finite entry, ``values``
+                is not finite, or the shapes do not match the locations.
+            TypeError: for non-float tensors.
+        """
         scores = as_float_tensor(scores, "scores", min_ndim=1)
         values = as_float_tensor(values, "values", min_ndim=2)
         check_shape_match(scores, "scores", self.locations, "locations", [(-1, 0)])
         check_shape_match(values, "values", self.locations, "locations", [(-2, 0)])
+        batch = broadcast_shapes(scores=scores.shape[:-1], values=values.shape[:-2])
+        check_finite(scores, "scores", allow_neg_inf=True)
+        check_finite(values, "values")
+        if scores.numel():
+            require((scores > -math.inf).any(-1).all(), "scores must have at least one finite entry in every row")
         p = torch.softmax(scores, dim=-1)
-        mu, Sigma = moment_match(p, self.locations.to(p), self.family)
+        cdt = _compute_dtype(p.dtype)
+        L, D = self.locations.shape
+        mu, var = _match_moments(p, self.locations.to(device=p.device, dtype=p.dtype))
+        centers = self.basis.centers.to(device=p.device, dtype=cdt)
+        cov = self.basis.covariance.to(device=p.device, dtype=cdt)
+        lead = mu.shape[:-1]
+        mu_f, var_f = mu.reshape(-1, D).to(cdt), var.reshape(-1, D, D).to(cdt)
         if self.family == "gaussian":
-            r = continuous_softmax(mu, Sigma, self.basis)
+            r = _softmax_flat(mu_f, var_f, centers, cov)
         else:
-            r = continuous_sparsemax(
-                mu, Sigma, self.basis, self.n_quadrature, tol=self.tol, max_quadrature=self.max_quadrature
-            )
+            tol = _default_tol(cdt) if self.tol is None else self.tol
+            r = _sparsemax_from_S(mu_f, (D + 4.0) * var_f, centers, cov, self.n_quadrature, tol, self.max_quadrature)
+        r = r.reshape(*lead, -1).to(values.dtype)
         B = torch.einsum("...ld,ln->...dn", values, self.ridge_operator.to(values))  # eq. (3.17)
-        context = (B @ r.to(values.dtype).unsqueeze(-1)).squeeze(-1)
-        return (context, (mu, Sigma)) if return_density else context
+        context = (B @ r.unsqueeze(-1)).squeeze(-1).expand(*batch, values.shape[-1])
+        if not return_density:
+            return context
+        return context, (mu, var if self.family == "gaussian" else _paraboloid_scale(var))
 
     def extra_repr(self) -> str:
         return f"family={self.family!r}, n_locations={self.locations.shape[0]}, penalty={self.penalty}"

@@ -332,6 +332,13 @@ def test_sparsemax_is_a_sub_expectation_of_softmax_like_quantities(seed, D):
 # ------------------------------------------------------------------------------------------------
 
 
+def sparsemax_moments(mu, Sigma, basis, tol, n_quadrature, read_free=False):
+    """``(r, saved, info)`` of the forward pass (the moments the backward pass keeps, the diagnostics)."""
+    mu_f, Sigma_f, centers, cov, _, _ = C._prepare(mu, Sigma, basis, "test", definite=True)
+    rule = C._Rule(n_quadrature, tol, max(8192, n_quadrature or 0), read_free)
+    return C._sparsemax_moments(mu_f, C._sparsemax_scale(Sigma_f), centers, cov, rule)
+
+
 def slice_reference(mu, Sigma, basis, epsrel=1e-12):
     """An independent reference for every basis function j, by Cartesian slices of the ellipse E:
 
@@ -437,10 +444,12 @@ def test_adaptive_error_is_within_tol(tol):
     matches SciPy to round-off, see above); the returned error estimate is below tol as well."""
     mus, Sigmas = zip(*(hard_case(name) for name in HARD))
     mu, Sigma = torch.stack(mus), torch.stack(Sigmas)
-    mu_f, Sigma_f, centers, cov, _, _ = C._prepare(mu, Sigma, VQA_BASIS, "test")
-    _, minus_lam, _, pair = C._setup_2d(mu_f, Sigma_f, centers, cov)
-    *U, info = C._ball_moments_2d_adaptive(pair, tol, C.DEFAULT_MAX_QUADRATURE)
-    ref = C._ball_moments_2d(pair, 8192)
+    _, saved, info = sparsemax_moments(mu, Sigma, VQA_BASIS, tol, None)
+    _, saved_ref, _ = sparsemax_moments(mu, Sigma, VQA_BASIS, tol, 8192)
+    lemma1 = saved[1]
+    assert torch.equal(lemma1, saved_ref[1]) and lemma1.float().mean() > 0.8  # these ellipses take Lemma 1
+    U, ref = saved[3:6], saved_ref[3:6]
+    info = info["lemma1"]
     assert info["unconverged"] == 0 and info["max_error_estimate"] <= tol
     assert info["closed_form"] > 0 and info["skipped"] > 0 and info["quadrature"] > 0  # all three paths ran
     s_b = ref[0].amax(-1)
@@ -462,9 +471,9 @@ def test_adaptive_rule_in_float32_and_node_count():
     assert r32.dtype == torch.float32
     r_ref = continuous_sparsemax(mu, Sigma, VQA_BASIS, n_quadrature=8192)
     assert (((r32.double() - r_ref).norm(dim=-1) / r_ref.norm(dim=-1)) < 1e-5).all()
-    mu_f, Sigma_f, centers, cov, _, _ = C._prepare(mu.float(), Sigma.float(), basis32, "test")
-    info = C._ball_moments_2d_adaptive(C._setup_2d(mu_f, Sigma_f, centers, cov)[-1], C._default_tol(torch.float32), 4096)[-1]
-    assert info["unconverged"] == 0 and info["nodes"] < 64 * info["pairs"]
+    info = C._sparsemax_diagnostics(mu.float(), Sigma.float(), basis32)
+    assert info["lemma1"]["unconverged"] == info["slices"]["unconverged"] == 0
+    assert info["lemma1"]["nodes"] < 64 * info["pairs"]
 
 
 def np_periodic_rule(n, mu, Sigma, c, V):
@@ -715,8 +724,10 @@ def test_bad_inputs_raise_clear_errors():
     good = 0.02 * torch.eye(2, dtype=F64)
     with pytest.raises(ValueError, match="symmetric"):
         continuous_sparsemax(mu, torch.tensor([[0.02, 0.01], [0.0, 0.02]], dtype=F64), basis)
-    with pytest.raises(ValueError, match="positive definite"):
+    with pytest.raises(ValueError, match="Sigma must be positive semi-definite"):  # singular is fine for softmax
         continuous_softmax(mu, torch.tensor([[0.02, 0.03], [0.03, 0.02]], dtype=F64), basis)
+    with pytest.raises(ValueError, match="Sigma must be positive definite"):  # not for sparsemax (lambda = -inf)
+        continuous_sparsemax(mu, torch.tensor([[0.02, 0.0], [0.0, 0.0]], dtype=F64), basis)
     with pytest.raises(ValueError, match="n_quadrature"):
         continuous_sparsemax(mu, good, basis, n_quadrature=0)
     with pytest.raises(TypeError, match="n_quadrature"):
