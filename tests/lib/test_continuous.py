@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, special, stats
 
+import attnopt
 from attnopt import continuous as C
 from attnopt.continuous import (
     DEFAULT_N_QUADRATURE,
@@ -529,14 +530,19 @@ def test_continuous_attention_passes_the_rule():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_adaptive_rule_on_cuda_matches_cpu():
+    """On a GPU the default is the read-free rule; in checks mode "eager" the adaptive one (which reads)."""
     mus, Sigmas = zip(*(hard_case(name) for name in HARD))
     mu, Sigma = torch.stack(mus), torch.stack(Sigmas)
     g = torch.randn(len(HARD), 100, generator=torch.Generator().manual_seed(8), dtype=F64)
     basis_gpu = GaussianRBF(VQA_BASIS.centers.cuda(), covariance=VQA_BASIS.covariance.cuda())
     cpu = our_grads(lambda m, S: continuous_sparsemax(m, S, VQA_BASIS), mu, Sigma, g)
-    gpu = our_grads(lambda m, S: continuous_sparsemax(m, S, basis_gpu), mu.cuda(), Sigma.cuda(), g.cuda())
+    with attnopt.checks("eager"):
+        gpu = our_grads(lambda m, S: continuous_sparsemax(m, S, basis_gpu), mu.cuda(), Sigma.cuda(), g.cuda())
     for a, b in zip(gpu, cpu):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-9, atol=1e-12)
+    gpu = our_grads(lambda m, S: continuous_sparsemax(m, S, basis_gpu), mu.cuda(), Sigma.cuda(), g.cuda())
+    for a, b in zip(gpu, cpu):  # the read-free rule (see test_read_free_rule_is_accurate)
+        assert ((a.cpu() - b).norm() / b.norm()).item() < 1e-8
     r_cpu = continuous_sparsemax(mu.float(), Sigma.float(), GaussianRBF.grid(10, 0.001**0.5, dim=2))
     r_gpu = continuous_sparsemax(mu.float().cuda(), Sigma.float().cuda(), GaussianRBF.grid(10, 0.001**0.5, dim=2, device="cuda"))
     torch.testing.assert_close(r_gpu.cpu(), r_cpu, rtol=1e-4, atol=1e-5)
@@ -773,3 +779,317 @@ def test_bad_inputs_raise_clear_errors():
         ContinuousAttention(basis, grid_locations(4)).forward(torch.rand(2, 15), torch.rand(2, 15, 3))
     with pytest.raises(TypeError, match="GaussianRBF"):
         continuous_softmax(mu, good, "not a basis")
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 14: stable for every SPD scale down to the point mass, peaked scores, no host reads
+# ------------------------------------------------------------------------------------------------
+
+
+def np_disk_mean(mu, M, c, V, weight=1, poly=lambda u: 1.0, epsrel=1e-11):
+    """E_w[poly(u) psi(mu + M u)] over the unit disk, w proportional to (1 - |u|^2)^weight, by dblquad
+    (in the coordinates of the disk: smooth however small M is)."""
+    psi = make_psi(c, V)
+    h = lambda x: math.sqrt(max(1.0 - x * x, 0.0))  # noqa: E731
+    val = integrate.dblquad(lambda y, x: (1 - x * x - y * y) ** weight * poly(np.array([x, y])) * psi(mu + M @ np.array([x, y])),
+                            -1, 1, lambda x: -h(x), h, epsabs=0, epsrel=epsrel)[0]
+    return val / (math.pi / (weight + 1))
+
+
+def np_scale_factor(Sigma):
+    """M = sqrt(-2 lambda) chol(Sigma), eq. (3.15), in NumPy."""
+    return math.sqrt(2 * np_minus_lambda(Sigma)) * np.linalg.cholesky(Sigma)
+
+
+def np_grad_hess(t, c, V):
+    """Gradient and Hessian of N(t; c, V)."""
+    Vi = np.linalg.inv(V)
+    g = Vi @ (c - t)
+    p = make_psi(c, V)(t)
+    return p * g, p * (np.outer(g, g) - Vi)
+
+
+B3 = GaussianRBF.grid(3, 0.3, dim=2, dtype=F64)  # every psi_j <= 1.77
+B4 = GaussianRBF.grid(4, 0.1, dim=2, dtype=F64)
+
+
+def top_entries(r, k=3):
+    return torch.argsort(r, descending=True)[:k].tolist()
+
+
+def basis_as(basis, dtype):
+    return GaussianRBF(basis.centers.to(dtype), covariance=basis.covariance.to(dtype))
+
+
+def test_issue_reproducers_give_the_point_mass():
+    """Near the point mass r = psi(mu) + tr(Hess psi(mu) V) / 2 + O(|V|^2), V = -lambda Sigma / 3 (Thm. 1)."""
+    mu = torch.tensor([0.5, 0.5])
+    for Sigma, dtype, tol in ((1e-10 * np.eye(2), torch.float32, 1e-6), (1e-22 * np.eye(2), F64, 1e-13)):
+        # entries up to 88 (float32) and down to -8.9e4 (float64) before
+        r = continuous_sparsemax(mu.to(dtype), torch.tensor(Sigma, dtype=dtype), basis_as(B3, dtype))
+        V = np_minus_lambda(Sigma) * Sigma / 3
+        want = [B3(mu.double())[j].item() + 0.5 * np.trace(np_grad_hess(mu.double().numpy(), B3.centers[j].numpy(),
+                                                                          B3.covariance[j].numpy())[1] @ V) for j in range(9)]
+        torch.testing.assert_close(r.double(), torch.tensor(want), rtol=tol, atol=0)
+
+
+@pytest.mark.parametrize("dtype, scale", [(F64, 1e-12), (F64, 1e-20), (F64, 1e-30),
+                                          (torch.float32, 1e-6), (torch.float32, 1e-12), (torch.float32, 1e-20)])
+def test_sparsemax_tiny_sigma_matches_quadrature(dtype, scale):
+    """Tiny scales: r against dblquad over the disk (t = mu + M u), and the limit r -> psi(mu)."""
+    mu = torch.tensor([0.52, 0.47], dtype=dtype)
+    Sigma = scale * torch.tensor([[1.0, 0.3], [0.3, 0.5]], dtype=dtype)
+    r = continuous_sparsemax(mu, Sigma, basis_as(B4, dtype))
+    assert r.dtype == dtype and torch.isfinite(r).all()
+    m, S = mu.double().numpy(), Sigma.double().numpy()
+    idx = top_entries(r.double())
+    ref = np.array([np_disk_mean(m, np_scale_factor(S), B4.centers[j].numpy(), B4.covariance[j].numpy()) for j in idx])
+    err = np.abs(r.double().numpy()[idx] - ref).max() / np.abs(ref).max()
+    assert err < (1e-12 if dtype == F64 else 3e-6)
+    # the density's covariance is about sqrt(scale): r - psi(mu) = O(sqrt(scale)), up to the tolerance
+    # (entries below tol * max_j r_j may be zero)
+    gap = ((r.double() - B4(mu.double())).abs().max() / B4(mu.double()).max()).item()
+    assert gap < 100 * math.sqrt(scale) + (1e-10 if dtype == F64 else 4e-6)
+
+
+def separable_disk_mean(mu, m, c, s):
+    """E_w[psi(mu + diag(m) u)] for an isotropic psi = N(c, s^2 I): nested quad, the inner integral over the
+    chord, the outer with a breakpoint at the peak (needles)."""
+    g0 = lambda x: math.exp(-0.5 * ((mu[0] + m[0] * x - c[0]) / s) ** 2)  # noqa: E731
+    g1 = lambda y: math.exp(-0.5 * ((mu[1] + m[1] * y - c[1]) / s) ** 2)  # noqa: E731
+    inner = lambda x: integrate.quad(lambda y: (1 - x * x - y * y) * g1(y), -math.sqrt(1 - x * x), math.sqrt(1 - x * x),  # noqa: E731
+                                     epsabs=0, epsrel=1e-12, limit=200)[0]
+    peak = min(max((c[0] - mu[0]) / m[0], -1.0), 1.0)
+    val = integrate.quad(lambda x: g0(x) * inner(x), -1, 1, points=[peak], epsabs=0, epsrel=1e-12, limit=400)[0]
+    return val / (2 * math.pi * s * s) / (math.pi / 2)
+
+
+@pytest.mark.parametrize("ratio", [1e-3, 1e-8, 1e-14])
+def test_sparsemax_needles_match_quadrature(ratio):
+    """Needle ellipses (axis ratio down to 1e-7): diagonal scales, so that M = diag(m) is exact."""
+    mu = torch.tensor([0.45, 0.55], dtype=F64)
+    Sigma = torch.diag(torch.tensor([0.02, 0.02 * ratio], dtype=F64))
+    r = continuous_sparsemax(mu, Sigma, B4)
+    m = np.diag(np_scale_factor(Sigma.numpy()))
+    idx = top_entries(r)
+    ref = np.array([separable_disk_mean(mu.numpy(), m, B4.centers[j].numpy(), 0.1) for j in idx])
+    assert np.abs(r.numpy()[idx] - ref).max() / np.abs(ref).max() < 1e-10
+
+
+def test_sparsemax_huge_sigma_and_far_basis_match_quadrature():
+    sub = GaussianRBF(VQA_BASIS.centers[::7], covariance=VQA_BASIS.covariance[::7])
+    mu, Sigma = torch.tensor([0.5, 0.5], dtype=F64), 1e3 * torch.eye(2, dtype=F64)  # the ellipse covers the grid
+    r = continuous_sparsemax(mu, Sigma, sub)
+    ref = slice_reference(mu, Sigma, sub)[0]
+    assert ((r - ref).abs().max() / ref.abs().max()).item() < 1e-10
+    for scale in (1e-6, 1e-2, 1.0):  # every basis function far away: r ~ 1e-20 ... 1e-11, relative accuracy kept
+        mu, Sigma = torch.tensor([3.0, -2.0], dtype=F64), scale * torch.eye(2, dtype=F64)
+        M = np_scale_factor(Sigma.numpy())
+        for dtype, tol in ((F64, 1e-10), (torch.float32, 1e-5)):
+            r = continuous_sparsemax(mu.to(dtype), Sigma.to(dtype), basis_as(B3, dtype)).double()
+            idx = top_entries(r)
+            ref = np.array([np_disk_mean(mu.numpy(), M, B3.centers[j].numpy(), B3.covariance[j].numpy()) for j in idx])
+            assert np.abs(r.numpy()[idx] - ref).max() / np.abs(ref).max() < tol
+
+
+@pytest.mark.parametrize("mu, var", [(0.4, 1e-30), (0.4, 1e-12), (0.4, 1e-4), (0.4, 10.0), (2.5, 3e-2), (-3.0, 1e-6)])
+def test_sparsemax_1d_regimes_match_quadrature(mu, var):
+    b1 = basis1()
+    r = continuous_sparsemax(torch.tensor([mu], dtype=F64), torch.tensor([[var]], dtype=F64), b1)
+    m = math.sqrt(2 * np_minus_lambda(np.array([[var]])) * var)
+    for j in range(3):
+        c, s = b1.centers[j, 0].item(), math.sqrt(b1.covariance[j, 0, 0].item())
+        f = lambda u: 0.75 * (1 - u * u) * stats.norm.pdf(mu + m * u, c, s)  # noqa: E731
+        peak = min(max((c - mu) / m, -1.0), 1.0)
+        ref = integrate.quad(f, -1, 1, points=[peak], epsabs=0, epsrel=1e-13, limit=400)[0]
+        assert r[j].item() == pytest.approx(ref, rel=1e-10, abs=1e-300)
+
+
+def directional_derivative_check(fn, mu, Sigma, g, h=1e-5):
+    """<grad, direction> against central differences along a direction that keeps Sigma positive definite."""
+    gen = torch.Generator().manual_seed(11)
+    m, S = mu.clone().requires_grad_(), Sigma.clone().requires_grad_()
+    (fn(m, S) * g).sum().backward()
+    L = torch.linalg.cholesky(Sigma)
+    X = torch.randn(*Sigma.shape, generator=gen, dtype=F64)
+    dS = L @ (X + X.transpose(-1, -2)) @ L.transpose(-1, -2)
+    dm = torch.randn(*mu.shape, generator=gen, dtype=F64) * torch.diagonal(L, dim1=-2, dim2=-1).mean()
+    F = lambda t: (fn(mu + t * dm, Sigma + t * dS) * g).sum().item()  # noqa: E731
+    fd = (F(h) - F(-h)) / (2 * h)
+    an = ((m.grad * dm).sum() + (S.grad * dS).sum()).item()
+    return abs(fd - an) / abs(fd), bool(torch.isfinite(m.grad).all() and torch.isfinite(S.grad).all())
+
+
+@pytest.mark.parametrize("case", ["small", "needle", "far", "huge", "1d small", "1d far"])
+def test_sparsemax_gradients_match_finite_differences(case):
+    mu, Sigma, basis = {
+        "small": ((0.5, 0.45), 1e-6 * torch.tensor([[1.0, 0.2], [0.2, 0.5]]), B3),
+        "needle": ((0.45, 0.5), torch.diag(torch.tensor([0.02, 2e-6])), B4),
+        "far": ((3.0, -2.0), 1e-2 * torch.eye(2), B3),
+        "huge": ((0.5, 0.5), 1e2 * torch.eye(2), GaussianRBF(VQA_BASIS.centers[::9], covariance=VQA_BASIS.covariance[::9])),
+        "1d small": ((0.4,), torch.tensor([[1e-8]]), basis1()),
+        "1d far": ((2.5,), torch.tensor([[3e-2]]), basis1()),
+    }[case]
+    mu, Sigma = torch.tensor(mu, dtype=F64), Sigma.to(F64)
+    g = torch.randn(basis.n_basis, generator=torch.Generator().manual_seed(3), dtype=F64)
+    rel, finite = directional_derivative_check(lambda m, S: continuous_sparsemax(m, S, basis, tol=1e-13), mu, Sigma, g)
+    assert finite and rel < 1e-6
+
+
+def test_sparsemax_gradients_at_the_point_mass_limit():
+    """Sigma -> 0: dr/dmu -> grad psi(mu); w.r.t. the covariance V (S = 6 V), dr/dV -> Hess psi(mu) / 2 at
+    V = 0 exactly (the path of ContinuousAttention); finite in float32 at Sigma = 1e-20 I."""
+    mu = torch.tensor([0.45, 0.6], dtype=F64)
+    m = mu.clone().requires_grad_()
+    continuous_sparsemax(m, 1e-24 * torch.eye(2, dtype=F64), B3).sum().backward()
+    want_mu = sum(np_grad_hess(mu.numpy(), B3.centers[j].numpy(), B3.covariance[j].numpy())[0] for j in range(9))
+    np.testing.assert_allclose(m.grad.numpy(), want_mu, rtol=1e-6)
+    g = torch.randn(9, generator=torch.Generator().manual_seed(4), dtype=F64)
+    m, V = mu.clone()[None].requires_grad_(), torch.zeros(1, 2, 2, dtype=F64, requires_grad=True)
+    r = C._sparsemax_from_S(m, 6.0 * V, B3.centers, B3.covariance, None, 1e-12, 4096)
+    torch.testing.assert_close(r[0], B3(mu), rtol=1e-13, atol=0)
+    (r[0] * g).sum().backward()
+    grads = [np_grad_hess(mu.numpy(), B3.centers[j].numpy(), B3.covariance[j].numpy()) for j in range(9)]
+    np.testing.assert_allclose(m.grad[0].numpy(), sum(gj * gr for gj, (gr, _) in zip(g.tolist(), grads)), rtol=1e-10)
+    np.testing.assert_allclose(V.grad[0].numpy(), sum(gj * hs for gj, (_, hs) in zip(g.tolist(), grads)) / 2, rtol=1e-10, atol=1e-12)
+    m32, S32 = torch.tensor([0.45, 0.6], requires_grad=True), (1e-20 * torch.eye(2)).requires_grad_()
+    continuous_sparsemax(m32, S32, basis_as(B3, torch.float32)).sum().backward()
+    assert torch.isfinite(m32.grad).all() and torch.isfinite(S32.grad).all()
+    torch.testing.assert_close(m32.grad.double(), torch.tensor(want_mu), rtol=1e-4, atol=1e-5)
+
+
+def test_softmax_accepts_singular_sigma():
+    """Sigma = 0 is the point mass, a rank-one Sigma a Gaussian on a line; gradients from S = Sigma + Sigma_j."""
+    mu = torch.tensor([0.3, 0.6], dtype=F64)
+    torch.testing.assert_close(continuous_softmax(mu, torch.zeros(2, 2, dtype=F64), B3), B3(mu), rtol=1e-14, atol=0)
+    e, var = np.array([0.6, 0.8]), 0.02
+    r = continuous_softmax(mu, torch.tensor(var * np.outer(e, e)), B3)
+    for j in range(9):
+        psi = make_psi(B3.centers[j].numpy(), B3.covariance[j].numpy())
+        ref = integrate.quad(lambda s: stats.norm.pdf(s, 0, math.sqrt(var)) * psi(mu.numpy() + s * e), -2, 2,
+                             epsabs=0, epsrel=1e-12, limit=200)[0]
+        assert r[j].item() == pytest.approx(ref, rel=1e-10)
+    g = torch.randn(9, generator=torch.Generator().manual_seed(2), dtype=F64)
+    m, S = mu.clone().requires_grad_(), torch.zeros(2, 2, dtype=F64, requires_grad=True)
+    (continuous_softmax(m, S, B3) * g).sum().backward()
+    grads = [np_grad_hess(mu.numpy(), B3.centers[j].numpy(), B3.covariance[j].numpy()) for j in range(9)]
+    np.testing.assert_allclose(m.grad.numpy(), sum(gj * gr for gj, (gr, _) in zip(g.tolist(), grads)), rtol=1e-12)
+    np.testing.assert_allclose(S.grad.numpy(), sum(gj * hs for gj, (_, hs) in zip(g.tolist(), grads)) / 2, rtol=1e-12, atol=1e-14)
+
+
+def tp_segment_mean(mu, half_axis, c, V):
+    """E[psi] under the truncated paraboloid on a segment, the limit of a rank-one covariance: in 2D the disk's
+    weight (1 - |u|^2) projected on an axis is proportional to (1 - x^2)^{3/2} (normalizer 3 pi / 8)."""
+    psi = make_psi(c, V)
+    peak = min(max(float((c - mu) @ half_axis / (half_axis @ half_axis)), -1.0), 1.0)
+    f = lambda x: (1 - x * x) ** 1.5 * psi(mu + x * half_axis)  # noqa: E731
+    return integrate.quad(f, -1, 1, points=[peak], epsabs=0, epsrel=1e-12, limit=200)[0] / (3 * math.pi / 8)
+
+
+@pytest.mark.parametrize("family", ["gaussian", "truncated_paraboloid"])
+def test_continuous_attention_with_peaked_scores_gives_the_limits(family):
+    """One location: the point mass, r = psi(t_l); two tied locations: a density on the segment through them
+    (independent quadrature of the moment-matched density); any score gap: finite, with finite gradients."""
+    loc = grid_locations(6, dtype=F64)
+    att = ContinuousAttention(B3, loc, family=family)
+    values = torch.randn(36, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
+    B = ridge_value_function(values, loc, B3, 0.01)
+    one = torch.full((36,), -math.inf, dtype=F64)
+    one[14] = 0.0
+    torch.testing.assert_close(att(one, values), B @ B3(loc[14]), rtol=1e-12, atol=1e-12)
+    two = one.clone()
+    two[33] = 0.0
+    mu = 0.5 * (loc[14] + loc[33])
+    delta = (loc[33] - loc[14]).numpy()
+    r_ref = []
+    for j in range(9):
+        c, V = B3.centers[j].numpy(), B3.covariance[j].numpy()
+        if family == "gaussian":  # N(mu, delta delta^T / 4): a Gaussian of standard deviation |delta| / 2 on the line
+            psi, e, sd = make_psi(c, V), delta / np.linalg.norm(delta), np.linalg.norm(delta) / 2
+            r_ref.append(integrate.quad(lambda s: stats.norm.pdf(s, 0, sd) * psi(mu.numpy() + s * e), -10 * sd, 10 * sd,
+                                        epsabs=0, epsrel=1e-12, limit=200)[0])
+        else:  # covariance delta delta^T / 4 = (D + 4) M M^T / 6: the half-axis is sqrt(6) delta / 2
+            r_ref.append(tp_segment_mean(mu.numpy(), math.sqrt(6) * delta / 2, c, V))
+    torch.testing.assert_close(att(two, values), B @ torch.tensor(r_ref, dtype=F64), rtol=1e-9, atol=1e-11)
+    for dtype in (F64, torch.float32):
+        a = ContinuousAttention(basis_as(B3, dtype), loc.to(dtype), family=family)
+        for gap in (20.0, 50.0, 100.0, 1e4):
+            s = (torch.eye(36, dtype=dtype)[14] * gap).requires_grad_()
+            v = values.detach().to(dtype).requires_grad_()
+            ctx = a(s, v)
+            assert torch.isfinite(ctx).all()
+            torch.testing.assert_close(ctx.double(), B @ B3(loc[14]), rtol=1e-3 if gap < 50 else 2e-5, atol=1e-5)
+            ctx.square().sum().backward()
+            assert torch.isfinite(s.grad).all() and torch.isfinite(v.grad).all()
+
+
+def test_continuous_attention_issue_reproducer_matches_quadrature():
+    """ContinuousAttention(basis, grid_locations(14), "truncated_paraboloid") on scores eye(196)[50] * 20:
+    the context of the moment-matched paraboloid by dblquad, in float32 (a context of 2.5e5 before)."""
+    basis = GaussianRBF.grid(3, 0.3, dim=2)
+    loc = grid_locations(14)
+    att = ContinuousAttention(basis, loc, family="truncated_paraboloid")
+    values = torch.ones(196, 2)
+    ctx = att(torch.eye(196)[50] * 20, values)
+    p = torch.softmax(torch.eye(196, dtype=F64)[50] * 20, -1).numpy()
+    t = loc.double().numpy()
+    mu = p @ t
+    V = (p[:, None, None] * np.einsum("ld,le->lde", t - mu, t - mu)).sum(0)
+    ev, Q = np.linalg.eigh(V)
+    M = math.sqrt(6) * Q @ np.diag(np.sqrt(ev.clip(0))) @ Q.T  # (D + 4) V = M M^T
+    r = np.array([np_disk_mean(mu, M, basis.centers[j].double().numpy(), basis.covariance[j].double().numpy()) for j in range(9)])
+    want = ridge_value_function(values.double(), loc.double(), basis_as(basis, F64), 0.01) @ torch.tensor(r)
+    torch.testing.assert_close(ctx.double(), want, rtol=2e-5, atol=0)
+    assert abs(ctx[0].item() - 1.0) < 0.05  # the value function is fitted to ones
+
+
+def test_read_free_rule_is_accurate():
+    """The rule without host reads (a GPU's default, or checks mode "async") on the hard cases and the regimes
+    above, against the adaptive rule's references."""
+    mus, Sigmas = zip(*(hard_case(name) for name in HARD))
+    mu, Sigma = torch.stack(mus), torch.stack(Sigmas)
+    ref = continuous_sparsemax(mu, Sigma, VQA_BASIS, n_quadrature=8192)
+    g = torch.randn(len(HARD), 100, generator=torch.Generator().manual_seed(8), dtype=F64)
+    want = our_grads(lambda m, S: continuous_sparsemax(m, S, VQA_BASIS, tol=1e-13), mu, Sigma, g)
+    with attnopt.checks("async"):
+        r = continuous_sparsemax(mu, Sigma, VQA_BASIS)
+        got = our_grads(lambda m, S: continuous_sparsemax(m, S, VQA_BASIS), mu, Sigma, g)
+        r32 = continuous_sparsemax(mu.float(), Sigma.float(), basis_as(VQA_BASIS, torch.float32))
+        tiny = continuous_sparsemax(torch.tensor([0.52, 0.47], dtype=F64), 1e-20 * torch.eye(2, dtype=F64), B4)
+        far = continuous_sparsemax(torch.tensor([3.0, -2.0], dtype=F64), 1e-2 * torch.eye(2, dtype=F64), B3)
+    rel = lambda a, b: ((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item()  # noqa: E731
+    assert rel(r, ref) < 1e-9 and rel(r32.double(), ref) < 5e-6
+    for a, b in zip(got, want):
+        assert rel(a.flatten(1), b.flatten(1)) < 1e-8
+    assert rel(tiny, continuous_sparsemax(torch.tensor([0.52, 0.47], dtype=F64), 1e-20 * torch.eye(2, dtype=F64), B4)) < 1e-12
+    assert rel(far, continuous_sparsemax(torch.tensor([3.0, -2.0], dtype=F64), 1e-2 * torch.eye(2, dtype=F64), B3)) < 1e-9
+
+
+def forward_backward(fn, *args):
+    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    out = fn(*leaves)
+    out.square().sum().backward()
+
+
+@pytest.mark.parametrize("case", ["softmax", "sparsemax 2d", "sparsemax 2d tiny", "sparsemax 1d", "attention gaussian",
+                                  "attention paraboloid"])
+def test_no_host_reads(case):
+    """Forward and backward of the three entry points read nothing back to the host in checks mode "async"
+    (the adaptive rule would: nonzero, int(...), the warning's diagnostics)."""
+    from host_reads import host_reads
+
+    mus, Sigmas = zip(*(hard_case(name) for name in HARD))
+    mu, Sigma = torch.stack(mus), torch.stack(Sigmas)
+    scores = torch.randn(2, 36, generator=torch.Generator().manual_seed(1), dtype=F64)
+    values = torch.randn(2, 36, 3, generator=torch.Generator().manual_seed(2), dtype=F64)
+    gauss = ContinuousAttention(B3, grid_locations(6, dtype=F64))
+    tp = ContinuousAttention(B3, grid_locations(6, dtype=F64), family="truncated_paraboloid")
+    run = {
+        "softmax": lambda: forward_backward(continuous_softmax, mu, torch.zeros_like(Sigma), VQA_BASIS),
+        "sparsemax 2d": lambda: forward_backward(continuous_sparsemax, mu, Sigma, VQA_BASIS),
+        "sparsemax 2d tiny": lambda: forward_backward(continuous_sparsemax, mu, 1e-12 * Sigma, VQA_BASIS),
+        "sparsemax 1d": lambda: forward_backward(continuous_sparsemax, MU1, SIGMA1, basis1()),
+        "attention gaussian": lambda: forward_backward(gauss, scores, values),
+        "attention paraboloid": lambda: forward_backward(tp, scores, values),
+    }[case]
+    assert host_reads(run) == []
