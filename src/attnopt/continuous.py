@@ -207,7 +207,9 @@ class GaussianRBF(nn.Module):
 
     Raises:
         ValueError: if both or neither of ``sigma``/``covariance`` are given, a standard deviation
-            is not positive, a covariance is not symmetric positive definite, or shapes disagree.
+            is not positive, a covariance is not symmetric positive definite, a value is not finite,
+            ``centers`` is empty (``N = 0``), or shapes disagree.
+        TypeError: for non-numeric or integer-dtype tensors.
 
     Example:
         >>> basis = GaussianRBF.grid(10, 0.001 ** 0.5, dim=2)
@@ -494,12 +496,21 @@ def ridge_value_function(
         ``B @ r.unsqueeze(-1)``.
 
     Raises:
-        ValueError: if shapes disagree, ``penalty < 0`` or the normal equations are singular
-            (``penalty = 0`` with fewer locations than basis functions).
+        ValueError: if shapes disagree, ``features`` or ``locations`` is not finite, ``locations`` is
+            empty, ``penalty < 0`` or the normal equations are singular (``penalty = 0`` with fewer
+            locations than basis functions).
+        TypeError: if ``basis`` is not a :class:`GaussianRBF`, a tensor is not floating point, or
+            ``penalty`` is not a real number.
+
+    Example:
+        >>> basis, loc = GaussianRBF.grid(3, 0.3), grid_locations(5)
+        >>> ridge_value_function(torch.ones(25, 2), loc, basis).shape
+        torch.Size([2, 9])
     """
     if not isinstance(basis, GaussianRBF):
         raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
     features = as_float_tensor(features, "features", min_ndim=2)
+    check_finite(features, "features")
     locations = _check_locations(locations, basis).to(device=features.device, dtype=features.dtype)
     check_shape_match(features, "features", locations, "locations", [(-2, 0)])
     penalty = check_positive(penalty, "penalty", allow_zero=True)
@@ -2083,7 +2094,7 @@ class ContinuousAttention(nn.Module):
         else:
             tol = _default_tol(cdt) if self.tol is None else self.tol
             r = _sparsemax_from_S(mu_f, (D + 4.0) * var_f, centers, cov, self.n_quadrature, tol, self.max_quadrature)
-        r = r.reshape(*lead, -1).to(values.dtype)
+        r = r.reshape(*lead, self.basis.n_basis).to(values.dtype)
         B = torch.einsum("...ld,ln->...dn", values, self.ridge_operator.to(values))  # eq. (3.17)
         context = (B @ r.unsqueeze(-1)).squeeze(-1).expand(*batch, values.shape[-1])
         if not return_density:
