@@ -1610,8 +1610,9 @@ def _routes(pairs, D, rule):
     return a2 >= _STIFF, a2 >= _STIFF, a1, angle
 
 
-def _sparsemax_moments(mu, S, centers, cov, rule):
-    r"""Forward of continuous sparsemax for ``S`` :math:`=-2\lambda\Sigma=(D+4)V` (``(B, D, D)``, PSD).
+def _sparsemax_moments(mu, M, centers, cov, rule):
+    r"""Forward of continuous sparsemax for the lower-triangular factor ``M`` (``(B, D, D)``) of
+    :math:`S=MM^\top=-2\lambda\Sigma=(D+4)V`.
 
     Returns ``(r, saved, info)``: ``r`` ``(B, N)``, the tensors the backward pass needs, and the
     diagnostics (``None`` on the read-free path).
@@ -1621,7 +1622,6 @@ def _sparsemax_moments(mu, S, centers, cov, rule):
     P = B * N
     dtype, device = mu.dtype, mu.device
     tol = rule.tol
-    M = _psd_factor(S)
     detM = torch.diagonal(M, dim1=-2, dim2=-1).prod(-1)  # (B,)
     Z1 = _BALL_Z[D][0]
     vol = 2.0 if D == 1 else math.pi  # the volume of the unit ball
@@ -1772,8 +1772,8 @@ def _sparsemax_grads(grad_r, mu, saved):
 
 class _ContinuousSparsemaxFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, mu, S, centers, cov, rule):
-        r, saved, info = _sparsemax_moments(mu, S, centers, cov, rule)
+    def forward(ctx, mu, S, M, centers, cov, rule):
+        r, saved, info = _sparsemax_moments(mu, M, centers, cov, rule)
         if info is not None:
             bad = {k: v for k, v in info.items() if isinstance(v, dict) and v["unconverged"]}
             if bad:
@@ -1794,7 +1794,7 @@ class _ContinuousSparsemaxFn(torch.autograd.Function):
     def backward(ctx, grad_r):
         mu, *saved = ctx.saved_tensors
         grad_mu, grad_S = _sparsemax_grads(grad_r, mu, saved)
-        return grad_mu, grad_S, None, None, None
+        return grad_mu, grad_S, None, None, None, None
 
 
 def _default_tol(dtype: torch.dtype) -> float:
@@ -1813,21 +1813,26 @@ def _check_quadrature_args(n_quadrature, tol, max_quadrature):
     return n_quadrature, tol, max_quadrature
 
 
-def _sparsemax_scale(Sigma: torch.Tensor) -> torch.Tensor:
-    r""":math:`S=-2\lambda\Sigma` (eq. (3.15)) for SPD ``(B, D, D)`` scales, differentiable, without reading values."""
+def _sparsemax_scale(Sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r""":math:`S=-2\lambda\Sigma` (eq. (3.15)) for SPD ``(B, D, D)`` scales, differentiable, without reading
+    values, and its factor :math:`M=\sqrt{-2\lambda}\operatorname{chol}\Sigma` (detached: a factor of the
+    rounded :math:`S` would lose digits on needle-like scales)."""
     d = Sigma.shape[-1]
     L = torch.linalg.cholesky_ex(Sigma)[0]
     half_logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
     minus_lam = torch.exp((2.0 / (d + 2)) * (math.log(_gaussian_const(d)) - half_logdet))
-    return (2.0 * minus_lam)[:, None, None] * Sigma
+    S = (2.0 * minus_lam)[:, None, None] * Sigma
+    return S, ((2.0 * minus_lam).sqrt()[:, None, None] * L).detach()
 
 
-def _sparsemax_from_S(mu_f, S, centers, cov, n_quadrature, tol, max_quadrature):
-    """Continuous sparsemax for validated ``(B, D)`` means and ``S = (D + 4) V`` in the compute dtype."""
+def _sparsemax_from_S(mu_f, S, centers, cov, n_quadrature, tol, max_quadrature, M=None):
+    """Continuous sparsemax for validated ``(B, D)`` means and ``S = (D + 4) V`` in the compute dtype
+    (``M``: a lower-triangular factor of ``S`` computed more accurately than from ``S``, if any)."""
     if mu_f.shape[0] == 0:
         return mu_f.new_zeros((0, centers.shape[0]))
     rule = _Rule(n_quadrature, tol, max_quadrature, not host_reads_allowed(mu_f, S))
-    return _ContinuousSparsemaxFn.apply(mu_f, S, centers, cov, rule)
+    M = _psd_factor(S.detach()) if M is None else M
+    return _ContinuousSparsemaxFn.apply(mu_f, S, M, centers, cov, rule)
 
 
 def _sparsemax_diagnostics(mu, Sigma, basis, *, tol=None, max_quadrature=DEFAULT_MAX_QUADRATURE) -> dict:
@@ -1837,7 +1842,7 @@ def _sparsemax_diagnostics(mu, Sigma, basis, *, tol=None, max_quadrature=DEFAULT
     mu_f, Sigma_f, centers, cov, _, _ = _prepare(mu, Sigma, basis, "continuous_sparsemax", definite=True)
     tol = _default_tol(mu_f.dtype) if tol is None else tol
     rule = _Rule(None, tol, max_quadrature, False)
-    return _sparsemax_moments(mu_f, _sparsemax_scale(Sigma_f), centers, cov, rule)[-1]
+    return _sparsemax_moments(mu_f, _sparsemax_scale(Sigma_f)[1], centers, cov, rule)[-1]
 
 
 def continuous_sparsemax(
@@ -1968,8 +1973,8 @@ def continuous_sparsemax(
         raise ValueError(f"continuous_sparsemax supports D in {{1, 2}}; got D={mu_f.shape[-1]}")
     if tol is None:
         tol = _default_tol(mu_f.dtype)
-    S = _sparsemax_scale(Sigma_f) if mu_f.shape[0] else Sigma_f
-    r = _sparsemax_from_S(mu_f, S, centers, cov, n_quadrature, tol, max_quadrature)
+    S, M = _sparsemax_scale(Sigma_f) if mu_f.shape[0] else (Sigma_f, Sigma_f)
+    r = _sparsemax_from_S(mu_f, S, centers, cov, n_quadrature, tol, max_quadrature, M=M)
     return r.reshape(*batch, basis.n_basis).to(dtype)
 
 

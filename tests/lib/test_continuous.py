@@ -337,7 +337,7 @@ def sparsemax_moments(mu, Sigma, basis, tol, n_quadrature, read_free=False):
     """``(r, saved, info)`` of the forward pass (the moments the backward pass keeps, the diagnostics)."""
     mu_f, Sigma_f, centers, cov, _, _ = C._prepare(mu, Sigma, basis, "test", definite=True)
     rule = C._Rule(n_quadrature, tol, max(8192, n_quadrature or 0), read_free)
-    return C._sparsemax_moments(mu_f, C._sparsemax_scale(Sigma_f), centers, cov, rule)
+    return C._sparsemax_moments(mu_f, C._sparsemax_scale(Sigma_f)[1], centers, cov, rule)
 
 
 def slice_reference(mu, Sigma, basis, epsrel=1e-12):
