@@ -1955,7 +1955,8 @@ def continuous_sparsemax(
             ``tol`` is not in :math:`(0,1)` or is given with a fixed ``n_quadrature``, or
             ``max_quadrature < 8``.
         TypeError: if ``basis`` is not a :class:`GaussianRBF`, a tensor is not floating point, ``mu``
-            and ``Sigma`` differ in dtype, or ``n_quadrature``/``max_quadrature`` are not ints.
+            and ``Sigma`` differ in dtype, ``n_quadrature``/``max_quadrature`` are not ints, or ``tol``
+            is not a real number.
 
     Example:
         >>> basis = GaussianRBF.grid(3, 0.3, dim=2, dtype=torch.float64)
