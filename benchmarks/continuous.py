@@ -372,7 +372,7 @@ def main():
     info = t32["info"]
     row("**ours, default**", f"adaptive, tol = {C._default_tol(torch.float32):.1e} in f32 / {C.DEFAULT_TOL:.0e} in f64",
         t32["default"], err["default"])
-    row("ours, read-free", "same masks and windows, then 4 m angles for every pair (no host read)",
+    row("ours, read-free", "same masks and windows, 4 m rays / 2 m slices for every pair, needles by slices (no host read)",
         t32["read_free"], err["read_free"])
     e32 = err["default32"]
     print(f"\nDefault rule in float32 (errors of the float32 output): r vs dblquad {e32['dblquad']:.1e}; r, grad vs SciPy "
