@@ -1441,7 +1441,8 @@ def _slice_norms(D, dtype, device):
     """Normalizers of the fifteen entries: Z1 (E_w), Z2 (E_w2), the volume of the ball (means)."""
     Z1, Z2 = _BALL_Z[D]
     vol = 2.0 if D == 1 else math.pi
-    return torch.tensor([Z1] * 3 + [Z2] * 6 + [vol] * 6, dtype=dtype, device=device)[:, None]
+    full = lambda n, value: torch.full((n,), value, dtype=dtype, device=device)  # noqa: E731  (no host-to-device copy)
+    return torch.cat([full(3, Z1), full(6, Z2), full(6, vol)])[:, None]
 
 
 def _slice_quadrature_2d(pp, fr, log_sup, i_max, lb, mask, B, bidx, tol, rule, info):
@@ -1648,7 +1649,7 @@ def _sparsemax_moments(mu, M, centers, cov, rule):
         U, closed, quad1, lb1_b, lb1_route, tail = _lemma1_masks(pair, tol, stiff, zero_b)
         moved = movable & tail
         if rule.read_free:  # needles: the rays would need more angles than the fixed rule has
-            moved = moved | (quad1 & (a1 > _READ_FREE_ANISOTROPY * a1.new_ones(()) * _eig_small(pairs, a1)))
+            moved = moved | (quad1 & (a1 > _READ_FREE_ANISOTROPY * _eig_small(pairs, a1)))
         lemma1, quad1 = stiff & ~moved, quad1 & ~moved
         if rule.n_quadrature is not None:  # the fixed rule for every pair of the route
             U = torch.where(lemma1.view(-1), _ball_moments_2d_entries(pair, rule.n_quadrature).view(6, -1), U)
