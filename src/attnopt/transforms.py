@@ -192,8 +192,9 @@ def softmax(scores: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tens
         return _empty_result(x)
     z = _to_last(x, d)
     if tau != 1.0:
-        # Shift by the row maximum *before* dividing: a small tau would overflow s / tau.
-        z = (z - _safe_max(z)) / tau
+        # Shift by the row maximum *before* dividing: a small tau would overflow s / tau.  The
+        # weights do not depend on the shift, so no gradient flows through it (detach: exact).
+        z = (z - _safe_max(z).detach()) / tau
     return _from_last(_softmax_last(z), d, x)
 
 
@@ -252,7 +253,7 @@ def prior_softmax(
         return _empty_result(torch.broadcast_to(x, shape))
     # Shift the scores by their row maximum before dividing: a small tau would overflow s / tau.
     z = x.to(_work_dtype(x))
-    z = (z - _safe_max(z.movedim(d, -1)).movedim(-1, d)) / tau + log_pi
+    z = (z - _safe_max(z.movedim(d, -1)).movedim(-1, d).detach()) / tau + log_pi
     d = check_dim(dim, z.ndim)
     return _from_last(_softmax_last(_to_last(z, d)), d, x)
 
@@ -1075,7 +1076,7 @@ def sinkhorn_attention(
     # The plan does not change (the row potential absorbs the shift); entries far below the row's
     # maximum may underflow to exp(-inf) = 0, which is their limit.
     M = torch.where(live, work, torch.full_like(work, float("-inf")))
-    M = (M - _safe_max(M)) / eps
+    M = (M - _safe_max(M).detach()) / eps  # the plan does not depend on the shift: detach is exact
     a = rows.to(M.dtype)
     a = a / a.sum(dim=-1, keepdim=True).clamp(min=1)
     b = cols.to(M.dtype)
