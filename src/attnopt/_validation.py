@@ -53,6 +53,7 @@ __all__ = [
     "check_dim",
     "check_finite",
     "check_int",
+    "check_no_overflow",
     "check_nonnegative",
     "check_number",
     "check_positive",
@@ -403,6 +404,21 @@ def check_finite(x: torch.Tensor, name: str, *, allow_neg_inf: bool = False) -> 
     if bad.any():
         what = "+inf" if allow_neg_inf else "infinite values"
         raise ValueError(f"{name} contains {what}")
+
+
+def check_no_overflow(result: torch.Tensor, what: str, culprits: str) -> None:
+    """Require a result computed from finite inputs to be finite (per :func:`require`).
+
+    An infinite entry then means the true value lies beyond the dtype's range; the ``ValueError``
+    says so and names the arguments to shrink (``what``: the quantity, e.g. "the scores
+    alpha * <z, t_i>"; ``culprits``: e.g. "z, templates or alpha").
+    """
+    fix = "smaller" if result.dtype == torch.float64 else "float64 tensors or smaller"
+    require(
+        all_finite(result),
+        f"{what} overflow {result.dtype} (largest finite value {torch.finfo(result.dtype).max:.3g}): "
+        f"{culprits} are too large for this dtype; pass {fix} {culprits}",
+    )
 
 
 def check_nonnegative(x: torch.Tensor, name: str, *, what: str = "") -> None:

@@ -24,11 +24,11 @@ from ._validation import (
     broadcast_shapes,
     check_bool_mask,
     check_finite,
+    check_no_overflow,
     check_positive,
     check_same_device,
     check_same_dtype,
     check_shape_match,
-    require,
 )
 
 __all__ = ["attention_scores", "attention_weights", "scaled_dot_product_attention"]
@@ -97,12 +97,7 @@ def attention_scores(
     check_finite(key, "key")
     root = math.sqrt(scale)
     scores = torch.matmul(query * root, (key * root).transpose(-2, -1))
-    if scores.numel():
-        require(
-            torch.isfinite(scores).all(),
-            f"the scaled inner products of query and key overflow {query.dtype} (|scale <q, k>| above "
-            f"{torch.finfo(query.dtype).max:.3g}); use float64 or smaller query/key",
-        )
+    check_no_overflow(scores, "the scaled inner products scale * <query, key>", "query or key")
     if bias is not None:
         scores = scores + bias
     if mask is not None:

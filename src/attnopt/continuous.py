@@ -1632,7 +1632,6 @@ def _sparsemax_moments(mu, M, centers, cov, rule):
     stiff, movable, a1, angle = _routes(pairs, D, rule)
     # ---- route 1: Lemma 1 (U moments: masses on the ellipse E, of area |E| = vol det M).  Pairs in the tails
     # whose round-off there could exceed the tolerance go to the slice route instead (see _lemma1_masks).
-    ellipse = vol * detM
     zero_b = torch.zeros(B, dtype=dtype, device=device)
     if D == 1:
         lemma1 = stiff & ~(movable & (pairs["mt0"].abs() > _FAR))

@@ -69,6 +69,7 @@ from ._validation import (
     check_bool_mask,
     check_choice,
     check_finite,
+    check_no_overflow,
     check_int,
     check_positive,
     check_probability_vector,
@@ -178,12 +179,7 @@ def _scores(x: torch.Tensor, T: torch.Tensor, alpha: float | None, x_name: str) 
         s = alpha * (x @ T.mT)
     what, args = (f"<{x_name}, t_i>", f"{x_name} or templates") if alpha is None else \
         (f"alpha * <{x_name}, t_i>", f"{x_name}, templates or alpha")
-    fix = "smaller" if x.dtype == torch.float64 else "float64 tensors or smaller"
-    require(
-        all_finite(s),
-        f"the scores {what} overflow {x.dtype} (largest finite value {torch.finfo(x.dtype).max:.3g}): "
-        f"{args} are too large for this dtype; pass {fix} {args}",
-    )
+    check_no_overflow(s, f"the scores {what}", args)
     return s
 
 

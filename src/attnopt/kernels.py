@@ -51,12 +51,12 @@ import numpy as np
 import torch
 
 from ._validation import (
-    all_finite,
     as_float_tensor,
     broadcast_shapes,
     check_bool,
     check_choice,
     check_finite,
+    check_no_overflow,
     check_int,
     check_nonnegative,
     check_number,
@@ -344,12 +344,7 @@ def _similarity_logits(queries: torch.Tensor, keys: torch.Tensor, similarity: Si
         what = f"scale * |{q_name} - {k_name}|^2"
     else:
         raise ValueError(f"similarity must be 'dot', 'gaussian' or a callable; got {similarity!r}")
-    fix = "smaller" if queries.dtype == torch.float64 else "float64 tensors or smaller"
-    require(
-        all_finite(logits),
-        f"the similarities {what} overflow {queries.dtype} (largest finite value {torch.finfo(queries.dtype).max:.3g}): "
-        f"{q_name}, {k_name} or scale are too large for this dtype; pass {fix} {q_name}, {k_name} or scale",
-    )
+    check_no_overflow(logits, f"the similarities {what}", f"{q_name}, {k_name} or scale")
     return logits
 
 

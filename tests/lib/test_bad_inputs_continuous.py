@@ -9,7 +9,6 @@ of Sigma from the point-mass limit to far larger than the basis; batching is loo
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings

@@ -23,6 +23,7 @@ from attnopt import kernels as K
 from attnopt import mixture as M
 from attnopt import transforms as T
 from attnopt import vqa
+from hot_paths import forward_backward, hot_paths
 
 DEVICE = os.environ.get("ATTNOPT_PARITY_DEVICE", "cuda")
 F64 = torch.float64
@@ -161,68 +162,18 @@ def test_sinkhorn_iterations_never_synchronise():
         torch.cuda.set_sync_debug_mode("default")
 
 
-def _hot_paths():
-    """The computations that must never synchronise the device (issue: no host read in hot paths)."""
-    basis = basis_2d()
-    locs = C.grid_locations(6, 2, dtype=F64)
-    modules = {f: C.ContinuousAttention(basis, locs, family=f).double() for f in ("gaussian", "truncated_paraboloid")}
-    mca = M.MultimodalContinuousAttention(basis, locs, 2).double()
-    mask = torch.ones(5, 7, dtype=torch.bool).tril(2)
-    return {
-        "softmax": (lambda s: T.softmax(s, tau=0.5), (rand(4, 9, seed=60),)),
-        "prior_softmax": (lambda s: T.prior_softmax(s, torch.ones_like(s)), (rand(4, 9, seed=61),)),
-        "sparsemax": (lambda s: T.sparsemax(s), (rand(4, 9, seed=62),)),
-        "entmax15": (lambda s: T.entmax15(s), (rand(4, 9, seed=63),)),
-        "entmax": (lambda s: T.entmax(s, 1.7), (rand(4, 9, seed=64),)),
-        "sinkhorn_unrolled": (lambda s: T.sinkhorn_attention(s, 0.5, 12), (rand(2, 5, 6, seed=65),)),
-        "sinkhorn_implicit": (lambda s: T.sinkhorn_attention(s, 0.5, 12, grad="implicit"), (rand(2, 5, 6, seed=66),)),
-        "sdpa": (lambda q, k, v: attnopt.scaled_dot_product_attention(q, k, v, mask=mask.to(q.device))[0],
-                 (rand(2, 5, 4, seed=67), rand(2, 7, 4, seed=68), rand(2, 7, 3, seed=69))),
-        "continuous_softmax": (lambda m, S: C.continuous_softmax(m, S, on_device(basis, m.device)),
-                               (0.5 + 0.1 * rand(5, 2, seed=70), spd(71, 5, 0.2))),
-        "continuous_sparsemax": (lambda m, S: C.continuous_sparsemax(m, S, on_device(basis, m.device)),
-                                 (0.5 + 0.1 * rand(5, 2, seed=72), spd(73, 5, 0.2))),
-        "continuous_attention_gaussian": (lambda s, v: modules["gaussian"].to(s.device)(s, v), (rand(3, 36, seed=74), rand(3, 36, 4, seed=75))),
-        "continuous_attention_paraboloid": (lambda s, v: modules["truncated_paraboloid"].to(s.device)(s, v),
-                                            (rand(3, 36, seed=76), rand(3, 36, 4, seed=77))),
-        "weighted_em": (lambda w: M.weighted_em(locs.to(w.device), w, 3, n_iter=10, init="regions").means,
-                        (torch.softmax(rand(4, 36, seed=78), -1),)),
-        "multimodal_attention": (lambda s, v: mca.to(s.device)(s, v), (rand(3, 36, seed=79), rand(3, 36, 2, seed=80))),
-        "softmatch_kernel": (lambda q, x: K.softmatch_kernel(q, K.EmpiricalMeasure(x)),
-                             (rand(4, 3, seed=81), rand(6, 3, seed=82))),
-        "generalized_attention": (lambda z, t: F.generalized_attention(z, t, alpha=0.7)[0], (rand(3, 4, seed=83), rand(6, 4, seed=84))),
-        "advantage_gradient": (lambda p, r: G.advantage_gradient(torch.softmax(p, -1), r, 0.8), (rand(5, 7, seed=85), rand(5, 7, seed=86))),
-    }
-
-
-HOT_PATHS = ["softmax", "prior_softmax", "sparsemax", "entmax15", "entmax", "sinkhorn_unrolled", "sinkhorn_implicit",
-             "sdpa", "continuous_softmax", "continuous_sparsemax", "continuous_attention_gaussian",
-             "continuous_attention_paraboloid", "weighted_em", "multimodal_attention", "softmatch_kernel",
-             "generalized_attention", "advantage_gradient"]
-
-
-def test_hot_path_list_is_complete():
-    assert sorted(HOT_PATHS) == sorted(_hot_paths())
-
-
 @pytest.mark.skipif(DEVICE != "cuda", reason="synchronisation is a CUDA notion")
-@pytest.mark.parametrize("name", HOT_PATHS)
+@pytest.mark.parametrize("name", sorted(hot_paths("cpu")))
 def test_hot_paths_never_synchronise(name):
-    # The forward and backward of every hot path run under CUDA's sync debug mode "error": any
-    # host read (an input check, a data-dependent loop, nonzero, .item()) raises.  The first call
-    # is a warm-up (library handles, caches) outside the mode.
-    fn, inputs = _hot_paths()[name]
-
-    def run():
-        xs = [x.to(DEVICE).requires_grad_(True) for x in inputs]
-        out = fn(*xs)
-        torch.autograd.grad((out * out).sum(), xs, allow_unused=True)
-
-    run()
+    # The forward and backward of every hot path (tests/lib/hot_paths.py) run under CUDA's sync
+    # debug mode "error": any host read (an input check, a data-dependent loop, nonzero, .item())
+    # raises.  The first call is a warm-up (library handles, caches) outside the mode.
+    fn, inputs = hot_paths(DEVICE)[name]
+    forward_backward(fn, inputs, DEVICE)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        run()
+        forward_backward(fn, inputs, DEVICE)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
