@@ -52,6 +52,7 @@ __all__ = [
     "check_device",
     "check_dim",
     "check_finite",
+    "check_float_dtype",
     "check_int",
     "check_no_overflow",
     "check_nonnegative",
@@ -329,6 +330,15 @@ def check_choice(value, name: str, options: Sequence):
     if value not in options:
         raise ValueError(f"{name} must be one of {tuple(options)}; got {value!r}")
     return value
+
+
+def check_float_dtype(dtype, name: str = "dtype") -> torch.dtype:
+    """``dtype`` after checking it is a floating :class:`torch.dtype` (``None``: torch's default); ``TypeError`` otherwise."""
+    if dtype is None:
+        return torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating torch.dtype (e.g. torch.float32); got {dtype!r}")
+    return dtype
 
 
 def check_bool(value, name: str) -> bool:

@@ -54,6 +54,7 @@ from ._validation import (
     broadcast_shapes,
     check_choice,
     check_finite,
+    check_float_dtype,
     check_int,
     check_nonnegative,
     check_number,
@@ -139,15 +140,6 @@ def _check_bounds(low, high) -> tuple[float, float]:
     if not high > low:
         raise ValueError(f"high must be > low; got low={low}, high={high}")
     return low, high
-
-
-def _check_float_dtype(dtype) -> torch.dtype:
-    """``dtype`` (default: torch's default dtype) after checking it is a floating dtype."""
-    if dtype is None:
-        return torch.get_default_dtype()
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32); got {dtype!r}")
-    return dtype
 
 
 def _gaussian_const(d: int) -> float:
@@ -304,7 +296,7 @@ class GaussianRBF(nn.Module):
             raise ValueError(f"n_per_axis has {len(ns)} entries but sigmas has {len(sig)}")
         ns = [check_int(n, "n_per_axis") for n in ns]
         low, high = _check_bounds(low, high)
-        dtype = _check_float_dtype(dtype)
+        dtype = check_float_dtype(dtype)
         centers, stds = [], []
         for n, s in zip(ns, sig):  # levels: a handful, not a hot path
             c = grid_locations(n, dim, low=low, high=high, dtype=dtype, device=device)
@@ -377,7 +369,7 @@ def grid_locations(
     n_per_axis = check_int(n_per_axis, "n_per_axis")
     dim = check_int(dim, "dim")
     low, high = _check_bounds(low, high)
-    axis = torch.linspace(low, high, n_per_axis, dtype=_check_float_dtype(dtype), device=device)
+    axis = torch.linspace(low, high, n_per_axis, dtype=check_float_dtype(dtype), device=device)
     mesh = torch.meshgrid(*([axis] * dim), indexing="ij")
     return torch.stack([m.reshape(-1) for m in mesh], dim=-1)
 
@@ -413,7 +405,7 @@ def padding_locations(
     n_per_axis = check_int(n_per_axis, "n_per_axis", minimum=2)
     dim = check_int(dim, "dim")
     low, high = _check_bounds(low, high)
-    dtype = _check_float_dtype(dtype)
+    dtype = check_float_dtype(dtype)
     step = (high - low) / (n_per_axis - 1)
     m = int(round(0.5 * (high - low) / step))
     k = torch.arange(-m, n_per_axis + m, device=device)

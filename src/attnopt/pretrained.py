@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._validation import check_bool, check_device, check_int
+from ._validation import check_bool, check_device, check_float_dtype, check_int
 
 __all__ = ["HUB_MODELS", "AttentionInputs", "attention_inputs", "load_minilm", "load_pretrained"]
 
@@ -265,8 +265,9 @@ def attention_inputs(model, tokenizer, sentences, *, dtype=torch.float64, max_le
         raise TypeError("sentences must be a string or a list of strings")
     if not sentences:
         raise ValueError("sentences must hold at least one sentence")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
+    if dtype is None:
+        raise TypeError("dtype must be a floating torch.dtype; got None")
+    check_float_dtype(dtype)
     modules, kind = _attention_modules(model)
     device = next(model.parameters()).device
     batch = tokenizer(list(sentences), padding=True, truncation=True, max_length=max_length, return_tensors="pt")

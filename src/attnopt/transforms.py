@@ -43,10 +43,12 @@ from torch.autograd.function import once_differentiable
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
+    check_bool,
     check_bool_mask,
     check_choice,
     check_dim,
     check_finite,
+    check_float_dtype,
     check_int,
     check_nonnegative,
     check_number,
@@ -301,16 +303,15 @@ def alibi_log_prior(
     """
     n_queries = check_int(n_queries, "n_queries", minimum=0)
     n_keys = check_int(n_keys, "n_keys", minimum=0)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    causal = check_bool(causal, "causal")
     if causal and n_queries > n_keys:
         raise ValueError(
             f"causal ALiBi needs n_queries <= n_keys (queries are aligned with the last keys, so the first "
             f"{n_queries - n_keys} of n_queries={n_queries} would see none of n_keys={n_keys}); pass causal=False "
             "or more keys"
         )
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
+    if dtype is not None:
+        check_float_dtype(dtype)
     if isinstance(slope, torch.Tensor):
         slope = as_float_tensor(slope, "slope")
         if slope.ndim > 1:
