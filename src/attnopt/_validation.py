@@ -89,7 +89,7 @@ def set_checks(mode: str) -> str:
     version.
 
     Args:
-        mode: one of :data:`CHECK_MODES`.
+        mode: one of ``"auto"``, ``"eager"``, ``"async"``, ``"off"``.
 
     Returns:
         The previous mode.

@@ -159,8 +159,9 @@ def scaled_dot_product_attention(
         With no keys, the output is zero (every query is a dead row).
 
     Raises:
-        TypeError, ValueError: as :func:`attention_scores`; also for a ``value`` of another
-        dtype, device or number of keys, or with NaN or infinite entries.
+        TypeError: as :func:`attention_scores`, and a ``value`` of another dtype than ``key``.
+        ValueError: as :func:`attention_scores`, and a ``value`` on another device than ``key``,
+            with another number of keys, or with NaN or infinite entries.
 
     Example:
         >>> q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3)

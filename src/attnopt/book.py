@@ -19,7 +19,7 @@ import torch
 
 from ._validation import check_choice, check_device, check_int
 
-__all__ = ["RESULTS_ENV", "check_scale", "in_colab", "pick_device", "record", "seed_everything"]
+__all__ = ["RESULTS_ENV", "SEED_RANGE", "check_scale", "in_colab", "pick_device", "record", "seed_everything"]
 
 #: Environment variable naming the folder :func:`record` writes to (set by the book's runner).
 RESULTS_ENV = "ATTNOPT_RESULTS_DIR"

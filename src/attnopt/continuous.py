@@ -1891,7 +1891,7 @@ def continuous_sparsemax(
 
     **Without host reads.**  The adaptive loop reads values back (which pairs remain, their number, the
     diagnostics); on a GPU each read is a synchronisation.  Where reads are not allowed
-    (:func:`attnopt.host_reads_allowed` is false: on a GPU under the default checks mode ``"auto"``, or in
+    (host reads not allowed, see :func:`attnopt.set_checks`: on a GPU under the default checks mode ``"auto"``, or in
     mode ``"async"``), a read-free rule runs instead, on every pair at once (masked): the same closed
     forms, negligible pairs and windows, then a fixed number of angles per pair, :math:`4m` rays for
     Lemma-1 pairs and :math:`2m` slices for the others (:math:`m` is the first round of the adaptive rule:

@@ -546,7 +546,7 @@ def weighted_em(
     exactly ``n_iter`` iterations with no host read (no synchronization on a GPU).  With ``tol``
     the loop stops after the first iteration at which every example improved :math:`\ell_w` by
     less than ``tol``; where host reads are allowed
-    (:func:`~attnopt._validation.host_reads_allowed`: the CPU in mode ``"auto"``) that is one read
+    (see :func:`attnopt.set_checks`: the CPU in mode ``"auto"``) that is one read
     per iteration; elsewhere (a GPU, or ``attnopt.checks("async")``) all ``n_iter`` iterations run
     without a read and the parameters stop changing at that iteration, so the result is the same,
     ``history`` repeats its last value and ``n_iter`` is the maximum.  Differentiable: autograd
