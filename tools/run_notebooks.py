@@ -28,9 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = (ROOT / os.environ.get("ATTNOPT_BUILD_DIR", "_build")).resolve()
 SITE = BUILD / "site"
 RESULTS = BUILD / "results"
+# Figures a notebook saves for the theory pages (attnopt.book.save_figure); pages include them as
+# /figures/<name>.png, so they live in the book's source folder, outside book/ (re-staged each run).
+FIGURES = SITE / "figures"
 CACHE = BUILD / "cache"
-# Cells with these tags are run but not shown in the rendered book.
-HIDDEN_TAGS = {"parameters", "injected-parameters", "colab-setup"}
+# Cells with these tags are run but not shown in the rendered book.  The parameters cell is shown:
+# the reader is told to edit it, and the cells below use its names.
+HIDDEN_TAGS = {"injected-parameters", "colab-setup"}
 
 
 def library_digest() -> str:
@@ -57,7 +61,7 @@ def stage_sources() -> None:
 
 
 def hide_setup_cells(path: Path) -> None:
-    """Tag the parameter and Colab-setup cells so that the book does not render them."""
+    """Tag the injected-parameter and Colab-setup cells so that the book does not render them."""
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
         tags = cell.setdefault("metadata", {}).setdefault("tags", [])
@@ -112,6 +116,8 @@ def main(argv=None) -> int:
             parameters[name] = value
 
     os.environ["ATTNOPT_RESULTS_DIR"] = str(RESULTS)
+    os.environ["ATTNOPT_FIGURES_DIR"] = str(FIGURES)
+    FIGURES.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     RESULTS.mkdir(parents=True, exist_ok=True)
     stage_sources()

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -19,10 +20,12 @@ import torch
 
 from ._validation import check_choice, check_device, check_int
 
-__all__ = ["RESULTS_ENV", "SEED_RANGE", "check_scale", "in_colab", "pick_device", "record", "seed_everything"]
+__all__ = ["FIGURES_ENV", "RESULTS_ENV", "SEED_RANGE", "check_scale", "in_colab", "pick_device", "markdown_table", "record", "save_figure", "seed_everything"]
 
 #: Environment variable naming the folder :func:`record` writes to (set by the book's runner).
 RESULTS_ENV = "ATTNOPT_RESULTS_DIR"
+#: Environment variable naming the folder :func:`save_figure` writes to (set by the book's runner).
+FIGURES_ENV = "ATTNOPT_FIGURES_DIR"
 
 SCALES = ("book", "full")
 
@@ -159,3 +162,101 @@ def record(name: str, **numbers) -> Path:
     data.update(plain)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def save_figure(fig, name: str):
+    """Save ``fig`` for the book's theory pages, as ``$ATTNOPT_FIGURES_DIR/<name>.png``.
+
+    The book's runner sets the folder; a page shows the figure with
+    ``:::{figure} /figures/<name>.png``.  Outside the book (Colab, JupyterLab) nothing is written
+    and None is returned, so a notebook may call it unconditionally.  The figure keeps the house
+    style's size and resolution (:func:`attnopt.plotting.use_book_style`).
+
+    Args:
+        fig: a Matplotlib figure.
+        name: a plain file stem such as ``"ch1-fig3"`` (letters, digits, ``-`` and ``_``).
+
+    Returns:
+        The path written, or None when ``$ATTNOPT_FIGURES_DIR`` is not set.
+
+    Raises:
+        TypeError: ``fig`` is not a Matplotlib figure.
+        ValueError: ``name`` is not a plain file stem.
+    """
+    from matplotlib.figure import Figure
+
+    if not isinstance(fig, Figure):
+        raise TypeError(f"fig must be a matplotlib Figure; got {type(fig).__name__}")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise ValueError(f"name must be a plain file stem of letters, digits, '-' and '_'; got {name!r}")
+    folder = os.environ.get(FIGURES_ENV)
+    if not folder:
+        return None
+    path = Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def _cell(value, digits: int) -> str:
+    value = _plain(value)
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, list):
+        return ", ".join(_cell(v, digits) for v in value)
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(rows, columns=None, *, digits: int = 3):
+    """A table of results for a notebook to display: Markdown, so Jupyter, Colab and the book draw a table.
+
+    Args:
+        rows: a list of dicts (their keys, in first-seen order, are the columns) or of sequences
+            (then ``columns`` names them).  Values may be numbers, tensors, strings or lists.
+        columns: column headers (required for rows that are sequences; selects and orders the
+            columns of dict rows).
+        digits: significant digits of floating-point numbers.
+
+    Returns:
+        An ``IPython.display.Markdown`` object (the last expression of a cell displays it).
+
+    Raises:
+        TypeError: rows that are neither dicts nor sequences, ``digits`` not an int.
+        ValueError: sequence rows without ``columns``, or of another length.
+
+    Example:
+        >>> print(markdown_table([{"n": 4, "ratio": 2.4817}, {"n": 16, "ratio": 3.8}]).data)
+        | n | ratio |
+        |---:|---:|
+        | 4 | 2.48 |
+        | 16 | 3.8 |
+    """
+    from IPython.display import Markdown
+
+    digits = check_int(digits, "digits")
+    rows = list(rows)
+    if columns is None:
+        if not all(isinstance(r, dict) for r in rows):
+            raise ValueError("columns must be given when the rows are sequences")
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    columns = [str(c) for c in columns]
+    body = []
+    for r in rows:
+        if isinstance(r, dict):
+            cells = [r.get(c, "") for c in columns]
+        elif isinstance(r, (list, tuple)):
+            if len(r) != len(columns):
+                raise ValueError(f"a row has {len(r)} values for {len(columns)} columns")
+            cells = list(r)
+        else:
+            raise TypeError(f"rows must be dicts or sequences; got {type(r).__name__}")
+        body.append("| " + " | ".join(_cell(v, digits) for v in cells) + " |")
+    numeric = [all(isinstance(_plain(r.get(c) if isinstance(r, dict) else r[i]), (int, float)) for r in rows)
+               for i, c in enumerate(columns)] if rows else [False] * len(columns)
+    align = ["---:" if n else ":---" for n in numeric]
+    text = "\n".join(["| " + " | ".join(columns) + " |", "|" + "|".join(align) + "|", *body])
+    return Markdown(text)

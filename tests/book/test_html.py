@@ -89,9 +89,11 @@ def test_notebook_page_has_colab_link_and_hides_setup(stem, html_dir):
     expected = f"https://colab.research.google.com/github/{owner_repo}/blob/{branch}/notebooks/{stem}.ipynb"
     links = [a["href"] for a in soup.find_all("a", href=True)]
     assert expected in links, f"no Colab link {expected} on {stem}.html"
-    # Parameter, injected-parameter and Colab-setup cells run but are not shown.
-    for tag in ("parameters", "injected-parameters", "colab-setup"):
+    # Injected-parameter and Colab-setup cells run but are not shown; the parameters cell is shown
+    # (the reader is told to edit it, and the cells below use its names).
+    for tag in ("injected-parameters", "colab-setup"):
         assert not soup.select(f".tag_{tag}"), f"{stem}.html shows a cell tagged {tag}"
+    assert soup.select(".tag_parameters"), f"{stem}.html hides its parameters cell"
     assert "google.colab" not in soup.get_text()
     assert soup.select(".cell_output img"), f"{stem}.html has no figure"
 

@@ -113,3 +113,85 @@ def test_set_repository_round_trip(tmp_path, monkeypatch):
     assert set_repository.config_repository((tmp_path / "_config.yml").read_text()) == ("https://github.com/someone/fork", "dev")
     for nb in (tmp_path / "notebooks").glob("*.ipynb"):
         assert "attnopt @ git+https://github.com/someone/fork@dev" in nb.read_text()
+
+
+# ---------------------------------------------------------------- notebooks read as lessons (STYLE.md)
+
+MAX_LINES, MAX_COLUMNS, MIN_FONT = 40, 88, 10
+# A cell that creates a figure (it must be folded and captioned).
+DRAWS = re.compile(r"\b(plt\.(subplots|figure|subplot)|small_multiples|attention_heatmap)\(")
+MYST_ROLE = re.compile(r"\{[a-z][\w-]*(:[\w-]+)?\}`")
+MYST_DIRECTIVE = re.compile(r"^\s*(```|:::)\s*\{[a-z]", re.M)
+MYST_TARGET = re.compile(r"^\([\w-]+\)=\s*$", re.M)
+
+
+def tags(cell) -> list:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def code_cells(nb):
+    return [c for c in nb["cells"] if c["cell_type"] == "code" and "colab-setup" not in tags(c)]
+
+
+def test_parameters_cell_is_the_first_code_cell_and_says_how_to_change_it(notebook):
+    path, nb = notebook
+    first = code_cells(nb)[0]
+    assert "parameters" in tags(first), f"{path.name}: the parameters cell must be the first code cell (after the Colab set-up)"
+    assert not {"remove-cell", "remove-input", "hide-input", "hide-cell"} & set(tags(first)), f"{path.name}: parameters cell hidden"
+    assert source(first).lstrip().startswith("#"), f"{path.name}: the parameters cell opens with a comment on how to change it"
+
+
+def test_code_cells_are_short_and_narrow(notebook):
+    path, nb = notebook
+    for i, cell in enumerate(code_cells(nb)):
+        lines = source(cell).rstrip("\n").split("\n")
+        assert len(lines) <= MAX_LINES, f"{path.name}: code cell {i} has {len(lines)} lines (at most {MAX_LINES}: split it)"
+        wide = [n for n, line in enumerate(lines, 1) if len(line) > MAX_COLUMNS]
+        assert not wide, f"{path.name}: code cell {i} has lines over {MAX_COLUMNS} columns: {wide}"
+
+
+def test_bookkeeping_is_removed_from_the_page(notebook):
+    path, nb = notebook
+    for cell in code_cells(nb):
+        if re.search(r"\brecord\(", source(cell)):
+            assert "remove-cell" in tags(cell), f"{path.name}: the cell calling record(...) must be tagged remove-cell"
+
+
+def test_figures_are_folded_numbered_captioned_and_described(notebook):
+    path, nb = notebook
+    drawn = 0
+    for cell in code_cells(nb):
+        if not DRAWS.search(source(cell)) or "remove-cell" in tags(cell):
+            continue
+        drawn += 1
+        start = source(cell).strip().split("\n")[0][:60]
+        assert {"hide-input", "remove-input"} & set(tags(cell)), f"{path.name}: plotting cell not folded (hide-input): {start}"
+        meta = cell.get("metadata", {}).get("mystnb", {})
+        figure, image = meta.get("figure", {}), meta.get("image", {})
+        assert str(figure.get("name", "")).startswith("fig-"), f"{path.name}: figure without a name 'fig-...': {start}"
+        assert len(figure.get("caption", "")) >= 30, f"{path.name}: figure without a caption that says what to see: {start}"
+        assert len(image.get("alt", "")) >= 30, f"{path.name}: figure without alt text describing it: {start}"
+    assert drawn, f"{path.name}: draws no figure"
+
+
+def test_figure_text_is_not_smaller_than_the_house_style(notebook):
+    path, nb = notebook
+    code = "\n".join(source(c) for c in code_cells(nb))
+    for m in re.finditer(r"(fontsize|labelsize|size)\s*=\s*(['\"]?)([\w.]+)\2", code):
+        value = m.group(3)
+        if value in ("xx-small", "x-small", "small", "smaller"):
+            pytest.fail(f"{path.name}: {m.group(0)} is smaller than the house style's {MIN_FONT} pt")
+        if re.fullmatch(r"\d+(\.\d+)?", value) and m.group(1) != "size" and float(value) < MIN_FONT:
+            pytest.fail(f"{path.name}: {m.group(0)} is smaller than the house style's {MIN_FONT} pt")
+
+
+def test_markdown_is_plain(notebook):
+    """Colab and JupyterLab show MyST roles and directives as raw text: notebooks use plain Markdown."""
+    path, nb = notebook
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        text = source(cell)
+        for pattern, what in ((MYST_ROLE, "role"), (MYST_DIRECTIVE, "directive"), (MYST_TARGET, "target")):
+            m = pattern.search(text)
+            assert not m, f"{path.name}: MyST {what} {m.group(0)!r} in a Markdown cell (use a Markdown link or plain words)"

@@ -18,7 +18,8 @@ def runner(tmp_path, monkeypatch):
     (tmp_path / "src" / "lib.py").write_text("x = 1\n")
     (tmp_path / "notebooks").mkdir()
     for name, value in {"ROOT": tmp_path, "BUILD": tmp_path / "_build", "SITE": tmp_path / "_build" / "site",
-                        "RESULTS": tmp_path / "_build" / "results", "CACHE": tmp_path / "_build" / "cache"}.items():
+                        "RESULTS": tmp_path / "_build" / "results", "CACHE": tmp_path / "_build" / "cache",
+                        "FIGURES": tmp_path / "_build" / "site" / "figures"}.items():
         monkeypatch.setattr(module, name, value)
     monkeypatch.setenv("ATTNOPT_RESULTS_DIR", str(tmp_path / "_build" / "results"))
     monkeypatch.delenv("CI", raising=False)
@@ -43,7 +44,7 @@ def test_cache_skips_unchanged_and_reruns_changed(runner, tmp_path, monkeypatch)
     write_notebook(nb, 1)
     assert runner.execute(nb, {}, force=False) == "executed"
     executed = json.loads((tmp_path / "_build" / "site" / "notebooks" / "demo.ipynb").read_text())
-    assert "remove-cell" in executed["cells"][0]["metadata"]["tags"], "parameters cell must be hidden in the book"
+    assert "remove-cell" not in executed["cells"][0]["metadata"]["tags"], "the parameters cell is shown in the book"
     assert json.loads((tmp_path / "_build" / "results" / "demo.json").read_text())["value"] == 1
     assert runner.execute(nb, {}, force=False) == "cached"
     assert runner.execute(nb, {"seed": 3}, force=False) == "executed", "new parameters must re-execute"
@@ -54,6 +55,9 @@ def test_cache_skips_unchanged_and_reruns_changed(runner, tmp_path, monkeypatch)
     assert runner.execute(nb, {"seed": 3}, force=False) == "executed"
     assert json.loads((tmp_path / "_build" / "results" / "demo.json").read_text()) == {"value": 2, "seed": 3}
     assert runner.execute(nb, {"seed": 3}, force=True) == "executed", "--force / CI never uses the cache"
+    executed = json.loads((tmp_path / "_build" / "site" / "notebooks" / "demo.ipynb").read_text())
+    injected = [c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
+    assert injected and "remove-cell" in injected[0]["metadata"]["tags"], "papermill's injected cell is hidden"
 
 
 @pytest.mark.slow

@@ -1,0 +1,281 @@
+"""Read the built book as a reader would, in headless Chromium, and list what gets in the way.
+
+Each check returns the places that fail it (an empty list is a pass):
+
+``wide_equations``
+    Display equations wider than their column at 1280 px (they would scroll sideways, their
+    number out of sight).
+``figures_without_caption``
+    Images in a page's content that are not a numbered figure with a caption.
+``figures_without_alt``
+    Images without alt text that describes them (missing, too short, or a file name).
+``small_figure_text``
+    Figures whose smallest text shows below 9 CSS px: the house style's smallest font
+    (:data:`MIN_FONT_PT`), at the PNG's DPI, scaled by its displayed width over its natural width.
+``build_paths``
+    Outputs that print a build path, an object repr or a warning.
+``console_errors``
+    Errors in the browser's console, failed requests (a missing favicon included) and uncaught
+    exceptions.
+``duplicate_titles``
+    Pages whose title another page also has.
+``raw_tex_in_bibliography``
+    Bibliography entries with raw TeX (``$``, ``\\``, braces) left in them.
+``wide_code``
+    Visible code cells (not folded) wider than their column: they scroll sideways.
+
+Usage::
+
+    python tools/site_audit.py [HTML_DIR] [--pages book/ch2/*.html ...] [--json OUT]
+
+``HTML_DIR`` defaults to ``_build/_build/html`` (``$ATTNOPT_BUILD_DIR`` is honoured).  The
+exit status is 1 when any check fails.  ``tests/book/test_reader.py`` runs the same checks in
+``make test``, and plants one defect per check to show that each can fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import socketserver
+import struct
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+from urllib.parse import unquote
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+#: The smallest font of the house style (``attnopt.plotting``), in points; notebooks may not set a
+#: smaller one (a convention test checks their code).
+MIN_FONT_PT = 10.0
+#: The smallest legible text, in CSS pixels.
+MIN_TEXT_PX = 9.0
+VIEWPORT = {"width": 1280, "height": 900}
+CHECKS = (
+    "wide_equations",
+    "figures_without_caption",
+    "figures_without_alt",
+    "small_figure_text",
+    "build_paths",
+    "console_errors",
+    "duplicate_titles",
+    "raw_tex_in_bibliography",
+    "wide_code",
+)
+# What an output must never show: a build or temporary path, a Path or object repr, a warning.
+LEAKS = re.compile(
+    r"(/_build/|_build/results|PosixPath\(|WindowsPath\(|/tmp/|site-packages|<[\w.]+ object at 0x"
+    r"|\b\w*Warning\b:|Traceback \(most recent call last\))"
+)
+
+# Everything the page tells us, gathered in one evaluation.
+_PAGE_SCRIPT = r"""
+() => {
+  const article = document.querySelector('article.bd-article') || document.querySelector('article') || document.body;
+  const out = {title: document.title, equations: [], images: [], outputs: [], code: []};
+  for (const box of article.querySelectorAll('mjx-container[display="true"]')) {
+    const math = box.querySelector('mjx-math');
+    const holder = box.closest('div.math') || box.parentElement;
+    const column = holder.getBoundingClientRect().width;
+    const width = math ? math.getBoundingClientRect().width : box.scrollWidth;
+    const eqno = holder.querySelector('.eqno');
+    const extra = eqno ? eqno.getBoundingClientRect().width : 0;
+    const tex = (holder.getAttribute('data-tex') || holder.textContent || '').trim().slice(0, 80);
+    out.equations.push({width: width + extra, column: column, scroll: box.scrollWidth - box.clientWidth,
+                        id: holder.id || (holder.querySelector('[id]') || {}).id || '', tex: tex});
+  }
+  for (const img of article.querySelectorAll('img')) {
+    if (img.closest('.navbar-brand, .sidebar-primary-items__start, header, footer')) continue;
+    const fig = img.closest('figure');
+    const cap = fig ? fig.querySelector('figcaption') : null;
+    out.images.push({src: img.getAttribute('src'), alt: img.getAttribute('alt') || '',
+                     natural: img.naturalWidth, shown: img.getBoundingClientRect().width,
+                     caption: cap ? cap.textContent.trim() : '',
+                     numbered: !!(cap && cap.querySelector('.caption-number'))});
+  }
+  for (const o of article.querySelectorAll('.cell_output, .output')) out.outputs.push(o.innerText);
+  for (const pre of article.querySelectorAll('.cell_input pre, div.highlight pre')) {
+    const hidden = pre.closest('details:not([open])') || pre.offsetParent === null;
+    if (!hidden) out.code.push({over: pre.scrollWidth - pre.clientWidth, start: pre.textContent.slice(0, 60)});
+  }
+  return out;
+}
+"""
+
+
+def _png_dpi(path: Path) -> float | None:
+    """The DPI stored in a PNG's pHYs chunk (Matplotlib writes it), or None."""
+    with open(path, "rb") as f:
+        data = f.read(4096)
+    i = data.find(b"pHYs")
+    if i < 0:
+        return None
+    per_unit, _, unit = struct.unpack(">IIB", data[i + 4 : i + 13])
+    return per_unit * 0.0254 if unit == 1 else None
+
+
+@contextlib.contextmanager
+def serve(html_dir: Path):
+    """Serve ``html_dir`` on a free localhost port; yield its URL."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(html_dir))
+    with socketserver.TCPServer(("127.0.0.1", 0), handler) as httpd:
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        finally:
+            httpd.shutdown()
+
+
+def content_pages(html_dir: Path) -> list[str]:
+    """Every page of the book (relative paths), without Sphinx's generated indexes and sources."""
+    skip = {"genindex.html", "search.html", "prf-prf.html", "py-modindex.html"}
+    return sorted(
+        str(p.relative_to(html_dir))
+        for p in html_dir.rglob("*.html")
+        if not ({"_static", "_modules", "_sources", "_images"} & set(p.relative_to(html_dir).parts)) and p.name not in skip
+    )
+
+
+def _launch(playwright):
+    if not Path(CHROMIUM).exists():
+        raise RuntimeError("Debian's chromium is not installed (apt-get install chromium; .ci/run does it)")
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+
+
+def visit(browser, url: str) -> dict:
+    """Open ``url`` at 1280 px, let MathJax typeset, and return what the page shows plus its console errors."""
+    context = browser.new_context(viewport=VIEWPORT)
+    host = url.split("/", 3)[:3]
+    local = "/".join(host)
+    errors: list[str] = []
+    # Nothing but the local server may be reached (the book must work offline).
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(local) else route.abort())
+    page = context.new_page()
+    page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"exception: {exc}"))
+    page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url[len(local):]}") if r.status >= 400 else None)
+    try:
+        page.goto(url, wait_until="load")
+        with contextlib.suppress(Exception):
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=10_000)
+            page.evaluate("() => MathJax.startup.promise")
+        page.wait_for_timeout(100)
+        info = page.evaluate(_PAGE_SCRIPT)
+    finally:
+        context.close()
+    info["errors"] = errors
+    return info
+
+
+def audit(html_dir: Path, pages: list[str] | None = None, browser=None) -> dict[str, list[str]]:
+    """Run every check over ``pages`` (default: all) of the built book in ``html_dir``."""
+    html_dir = Path(html_dir)
+    pages = content_pages(html_dir) if pages is None else pages
+    found: dict[str, list[str]] = {name: [] for name in CHECKS}
+    titles: dict[str, list[str]] = defaultdict(list)
+    with contextlib.ExitStack() as stack, serve(html_dir) as base:
+        if browser is None:
+            from playwright.sync_api import sync_playwright
+
+            playwright = stack.enter_context(sync_playwright())
+            browser = _launch(playwright)
+            stack.callback(browser.close)
+        for rel in pages:
+            info = visit(browser, f"{base}/{rel}")
+            titles[info["title"]].append(rel)
+            for eq in info["equations"]:
+                over = max(eq["width"] - eq["column"], eq["scroll"])
+                if over > 1:
+                    found["wide_equations"].append(f"{rel}: {over:.0f} px too wide: {eq['id'] or eq['tex']}")
+            for img in info["images"]:
+                src = img["src"] or ""
+                name = unquote(src.rsplit("/", 1)[-1])
+                if not img["caption"] or not img["numbered"]:
+                    found["figures_without_caption"].append(f"{rel}: {name}")
+                alt = img["alt"].strip()
+                if len(alt) < 15 or re.search(r"\.(png|jpe?g|svg|gif)\b|^[\w./-]+$", alt):
+                    found["figures_without_alt"].append(f"{rel}: {name} (alt {alt!r})")
+                file = (html_dir / rel).parent / unquote(src)
+                dpi = _png_dpi(file) if file.suffix == ".png" and file.is_file() else None
+                if dpi and img["natural"] and img["shown"]:
+                    px = MIN_FONT_PT / 72 * dpi * img["shown"] / img["natural"]
+                    if px < MIN_TEXT_PX:
+                        found["small_figure_text"].append(
+                            f"{rel}: {name}: {MIN_FONT_PT:g} pt text shows at {px:.1f} px "
+                            f"({img['natural']} px wide at {dpi:.0f} dpi, shown {img['shown']:.0f} px)"
+                        )
+            for text in info["outputs"]:
+                m = LEAKS.search(text)
+                if m:
+                    found["build_paths"].append(f"{rel}: {m.group(0)!r} in an output")
+            for err in info["errors"]:
+                found["console_errors"].append(f"{rel}: {err}")
+            for code in info["code"]:
+                if code["over"] > 1:
+                    found["wide_code"].append(f"{rel}: {code['over']} px: {code['start'].strip()[:40]!r}")
+            if rel.endswith("bibliography.html"):
+                found["raw_tex_in_bibliography"] += _raw_tex(html_dir / rel, rel)
+    for title, where in titles.items():
+        if len(where) > 1:
+            found["duplicate_titles"].append(f"{title!r}: {', '.join(where)}")
+    return found
+
+
+def _raw_tex(path: Path, rel: str) -> list[str]:
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+    bad = []
+    for entry in soup.select("div.citation, dl.citation > dd, .bibliography li, div[role=doc-biblioentry]"):
+        text = entry.get_text(" ", strip=True)
+        if re.search(r"\$|\\[a-zA-Z]|[{}]", text):
+            bad.append(f"{rel}: {text[:90]}")
+    return bad
+
+
+def main(argv=None) -> int:
+    build = ROOT / os.environ.get("ATTNOPT_BUILD_DIR", "_build")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("html_dir", nargs="?", default=str(build / "_build" / "html"))
+    parser.add_argument("--pages", nargs="*", help="pages relative to HTML_DIR (globs allowed); default all")
+    parser.add_argument("--json", help="write the findings to this file")
+    args = parser.parse_args(argv)
+    html_dir = Path(args.html_dir)
+    pages = None
+    if args.pages:
+        pages = sorted({str(p.relative_to(html_dir)) for pattern in args.pages for p in html_dir.glob(pattern)})
+    found = audit(html_dir, pages)
+    for name in CHECKS:
+        print(f"{name}: {len(found[name])}")
+        for line in found[name]:
+            print(f"  {line}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(found, indent=2) + "\n")
+    return 1 if any(found.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
