@@ -89,7 +89,9 @@ LEAKS = re.compile(
 _PAGE_SCRIPT = r"""
 () => {
   const article = document.querySelector('article.bd-article') || document.querySelector('article') || document.body;
-  const out = {title: document.title, equations: [], images: [], outputs: [], code: []};
+  const icon = document.querySelector('link[rel~="icon"]');
+  const out = {title: document.title, equations: [], images: [], outputs: [], code: [],
+               favicon: icon ? icon.getAttribute('href') : null};
   for (const box of article.querySelectorAll('mjx-container[display="true"]')) {
     const math = box.querySelector('mjx-math');
     const holder = box.closest('div.math') || box.parentElement;
@@ -149,13 +151,21 @@ def serve(html_dir: Path):
             httpd.shutdown()
 
 
+def _is_redirect(path: Path) -> bool:
+    head = path.read_text(encoding="utf-8", errors="replace")[:300].lower()
+    return 'http-equiv="refresh"' in head
+
+
 def content_pages(html_dir: Path) -> list[str]:
-    """Every page of the book (relative paths), without Sphinx's generated indexes and sources."""
+    """Every page of the book (relative paths), without Sphinx's generated indexes and sources
+    and without redirects (Jupyter Book's ``index.html`` sends the reader to the root page)."""
     skip = {"genindex.html", "search.html", "prf-prf.html", "py-modindex.html"}
     return sorted(
         str(p.relative_to(html_dir))
         for p in html_dir.rglob("*.html")
-        if not ({"_static", "_modules", "_sources", "_images"} & set(p.relative_to(html_dir).parts)) and p.name not in skip
+        if not ({"_static", "_modules", "_sources", "_images"} & set(p.relative_to(html_dir).parts))
+        and p.name not in skip
+        and not _is_redirect(p)
     )
 
 
@@ -233,6 +243,12 @@ def audit(html_dir: Path, pages: list[str] | None = None, browser=None) -> dict[
                     found["build_paths"].append(f"{rel}: {m.group(0)!r} in an output")
             for err in info["errors"]:
                 found["console_errors"].append(f"{rel}: {err}")
+            # Headless Chromium does not ask for a favicon; a browser does, and logs a 404 without one.
+            icon = info.get("favicon")
+            if not icon:
+                found["console_errors"].append(f"{rel}: no favicon (a browser's request for /favicon.ico fails)")
+            elif not ((html_dir / rel).parent / unquote(icon.split("?")[0])).is_file():
+                found["console_errors"].append(f"{rel}: favicon {icon} missing")
             for code in info["code"]:
                 if code["over"] > 1:
                     found["wide_code"].append(f"{rel}: {code['over']} px: {code['start'].strip()[:40]!r}")
