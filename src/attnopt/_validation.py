@@ -99,7 +99,7 @@ def set_checks(mode: str) -> str:
 
     Example:
         >>> import attnopt
-        >>> old = attnopt.set_checks("eager")   # a ValueError at the call, on any device
+        >>> old = attnopt.set_checks("eager")  # ValueError at the call
         >>> attnopt.set_checks(old)
         'eager'
     """
@@ -120,7 +120,7 @@ def checks(mode: str) -> Iterator[None]:
 
     Example:
         >>> import torch, attnopt
-        >>> with attnopt.checks("off"):    # no check reads the data inside this block
+        >>> with attnopt.checks("off"):  # no check reads the data in the block
         ...     p = attnopt.attention_weights(torch.zeros(2, 3))
     """
     old = set_checks(mode)

@@ -69,7 +69,8 @@ def attention_scores(
             overflow the dtype.
 
     Example:
-        >>> q, k = torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+        >>> q = torch.tensor([[1.0, 0.0]])
+        >>> k = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
         >>> attention_scores(q, k, scale=1.0)
         tensor([[2., 0.]])
     """
@@ -122,7 +123,8 @@ def attention_weights(scores: torch.Tensor) -> torch.Tensor:
         ValueError: NaN or ``+inf`` scores.
 
     Example:
-        >>> attention_weights(torch.tensor([[0.0, 0.0], [float("-inf"), float("-inf")]]))
+        >>> inf = float("inf")
+        >>> attention_weights(torch.tensor([[0.0, 0.0], [-inf, -inf]]))
         tensor([[0.5000, 0.5000],
                 [0.0000, 0.0000]])
     """
@@ -164,7 +166,8 @@ def scaled_dot_product_attention(
             with another number of keys, or with NaN or infinite entries.
 
     Example:
-        >>> q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3)
+        >>> q, k = torch.randn(2, 5, 8), torch.randn(2, 7, 8)
+        >>> v = torch.randn(2, 7, 3)
         >>> out, p = scaled_dot_product_attention(q, k, v)
         >>> out.shape, p.shape
         (torch.Size([2, 5, 3]), torch.Size([2, 5, 7]))

@@ -88,8 +88,9 @@ def seed_everything(seed: int) -> torch.Generator:
             that two different seeds never give the same stream silently.
 
     Example:
-        >>> g = seed_everything(0)
-        >>> torch.rand(1, generator=g).item() == torch.rand(1, generator=seed_everything(0)).item()
+        >>> a = torch.rand(3, generator=seed_everything(0))
+        >>> b = torch.rand(3, generator=seed_everything(0))
+        >>> bool(torch.equal(a, b))
         True
     """
     seed = check_int(seed, "seed", minimum=None)
@@ -229,7 +230,8 @@ def markdown_table(rows, columns=None, *, digits: int = 3):
         ValueError: sequence rows without ``columns``, or of another length.
 
     Example:
-        >>> print(markdown_table([{"n": 4, "ratio": 2.4817}, {"n": 16, "ratio": 3.8}]).data)
+        >>> rows = [{"n": 4, "ratio": 2.4817}, {"n": 16, "ratio": 3.8}]
+        >>> print(markdown_table(rows).data)
         | n | ratio |
         |---:|---:|
         | 4 | 2.48 |

@@ -8,9 +8,9 @@ attention (chapters 3--4 of Farinhas's thesis) replaces the simplex by densities
 
 .. math::
 
-    f(t) = -\tfrac12 (t-\mu)^\top \Sigma^{-1} (t-\mu)
-         = \theta^\top \phi(t), \qquad
-    \phi(t) = [t,\ tt^\top],\quad \theta = [\Sigma^{-1}\mu,\ -\tfrac12\Sigma^{-1}],
+    f(t) = -\tfrac12 (t-\mu)^\top \Sigma^{-1} (t-\mu) = \theta^\top \phi(t),
+
+    \phi(t) = [t,\ tt^\top],\qquad \theta = [\Sigma^{-1}\mu,\ -\tfrac12\Sigma^{-1}],
 
 the context vector is :math:`c = \mathbb{E}_p[V_B(t)] = B r` with :math:`r = \mathbb{E}_p[\psi(t)]`
 (eq. (3.16) of the continuous-attention thesis).  Shannon's negentropy (:math:`\alpha=1`) gives a
@@ -166,7 +166,8 @@ def truncated_paraboloid_threshold(Sigma: torch.Tensor) -> torch.Tensor:
         TypeError: if ``Sigma`` is not a floating-point tensor.
 
     Example:
-        >>> round(truncated_paraboloid_threshold(torch.eye(2)).item(), 4)   # -(2 / (2 pi))^(1/2)
+        >>> lam = truncated_paraboloid_threshold(torch.eye(2))  # -(1/pi)^(1/2)
+        >>> round(lam.item(), 4)
         -0.5642
     """
     Sigma = as_float_tensor(Sigma, "Sigma", min_ndim=2)
@@ -636,7 +637,8 @@ def continuous_density(t: torch.Tensor, mu: torch.Tensor, Sigma: torch.Tensor, f
 
     Example:
         >>> mu, Sigma = torch.zeros(2), torch.eye(2)
-        >>> round(continuous_density(torch.zeros(2), mu, Sigma).item(), 4)   # 1 / (2 pi)
+        >>> p = continuous_density(torch.zeros(2), mu, Sigma)  # 1 / (2 pi)
+        >>> round(p.item(), 4)
         0.1592
     """
     family = check_choice(family, "family", _FAMILIES)
@@ -772,7 +774,8 @@ def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF
     Example:
         >>> basis = GaussianRBF.grid(3, 0.3, dim=2, dtype=torch.float64)
         >>> mu = torch.tensor([0.2, 0.7], dtype=torch.float64)
-        >>> r = continuous_softmax(mu, torch.zeros(2, 2, dtype=torch.float64), basis)  # a point mass
+        >>> point_mass = torch.zeros(2, 2, dtype=torch.float64)
+        >>> r = continuous_softmax(mu, point_mass, basis)
         >>> bool(torch.allclose(r, basis(mu)))
         True
 
@@ -1854,9 +1857,11 @@ def continuous_sparsemax(
 
     .. math::
 
-        r_j = \int_{\|u\|\le1} w(u)\,\psi_j(\mu+Mu)\,du,\qquad
-        \psi_j(\mu+Mu)=\psi_j(\mu)\,e^{-\frac12u^\top A_ju+b_j^\top u},\quad
-        A_j=M^\top\Sigma_j^{-1}M,\ b_j=M^\top\Sigma_j^{-1}(\mu_j-\mu).
+        r_j = \int_{\|u\|\le1} w(u)\,\psi_j(\mu+Mu)\,du,
+
+        \psi_j(\mu+Mu)=\psi_j(\mu)\,e^{-\frac12u^\top A_ju+b_j^\top u},
+
+        A_j=M^\top\Sigma_j^{-1}M,\qquad b_j=M^\top\Sigma_j^{-1}(\mu_j-\mu).
 
     No inverse of :math:`M` appears, so the computation stays accurate down to the point-mass limit
     :math:`\Sigma\to0`, where :math:`r_j\to\psi_j(\mu)`.  Each pair (batch element :math:`b`, basis
@@ -1953,8 +1958,9 @@ def continuous_sparsemax(
     Example:
         >>> basis = GaussianRBF.grid(3, 0.3, dim=2, dtype=torch.float64)
         >>> mu = torch.tensor([0.5, 0.5], dtype=torch.float64)
-        >>> r = continuous_sparsemax(mu, 1e-22 * torch.eye(2, dtype=torch.float64), basis)
-        >>> bool(torch.allclose(r, basis(mu), rtol=1e-9))   # the point-mass limit
+        >>> tiny = 1e-22 * torch.eye(2, dtype=torch.float64)
+        >>> r = continuous_sparsemax(mu, tiny, basis)
+        >>> bool(torch.allclose(r, basis(mu), rtol=1e-9))  # the point-mass limit
         True
 
     References:
@@ -2016,8 +2022,11 @@ class ContinuousAttention(nn.Module):
         gives an empty context.
 
     Example:
-        >>> att = ContinuousAttention(GaussianRBF.grid(3, 0.3), grid_locations(4), family="truncated_paraboloid")
-        >>> scores = torch.full((16,), -float("inf")); scores[5] = 0.0      # one location: a point mass
+        >>> basis, locations = GaussianRBF.grid(3, 0.3), grid_locations(4)
+        >>> family = "truncated_paraboloid"
+        >>> att = ContinuousAttention(basis, locations, family=family)
+        >>> scores = torch.full((16,), -float("inf"))
+        >>> scores[5] = 0.0  # one location: a point mass
         >>> values = torch.eye(16)[:, :3]
         >>> att(scores, values).shape
         torch.Size([3])

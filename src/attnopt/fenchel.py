@@ -848,9 +848,9 @@ def exact_estimate(b, templates, u=None, alpha=1.0, tol=1e-10, max_iter=100) -> 
     .. math::
 
         \hat h=\sum_i t_i\,\frac{u_i e^{\langle t_i,\lambda^*\rangle}}{\sum_j u_j e^{\langle t_j,\lambda^*\rangle}},
-        \qquad \lambda^*=\arg\max D \ \text{(eq. 9, via :func:`solve_dual`)},
+        \qquad \lambda^*=\arg\max D ,
 
-    the mean of the minimizer :math:`\tilde p` (eq. 11) of problem (4).  Compare with
+    with :math:`\lambda^*` the maximizer of the dual (eq. 9) from :func:`solve_dual`: the mean of the minimizer :math:`\tilde p` (eq. 11) of problem (4).  Compare with
     :func:`generalized_attention` at ``z = b - mu``: the two agree to :math:`O(\alpha^2)`.
 
     Args:

@@ -3,14 +3,15 @@ r"""The backward pass of softmax attention as a policy gradient, and its informa
 Seed 003 (the one-sided EOT paper's summary) reads the scores :math:`s` as the natural parameters
 of the policy :math:`p = \operatorname{softmax}(s/\tau)` and an upstream signal :math:`u` (a reward,
 or the gradient :math:`\partial\ell/\partial p` that backpropagation delivers) as the return of
-each key.  With :math:`L(s) = \mathbb E_{p}[u] = \langle p, u\rangle`:
+each key.  With :math:`L(s) = \mathbb E_{p}[u] = \langle p, u\rangle`, in advantage form (the
+baseline :math:`\mathbb E_p[u]` removes variance):
 
 .. math::
 
-    \frac{\partial L}{\partial s_j} = \frac{1}{\tau}\, p_j\,\big(u_j - \mathbb E_p[u]\big)
-    \qquad\text{(advantage form, variance-reduced baseline } \mathbb E_p[u]\text{)},
+    \frac{\partial L}{\partial s_j} = \frac{1}{\tau}\, p_j\,\big(u_j - \mathbb E_p[u]\big),
 
-    \Phi(s) = \tau \log\sum_j e^{s_j/\tau}, \qquad \nabla\Phi = p, \qquad
+    \Phi(s) = \tau \log\sum_j e^{s_j/\tau}, \qquad \nabla\Phi = p,
+
     \nabla^2\Phi = \tfrac1\tau\big(\mathrm{diag}(p) - pp^\top\big) = \tfrac1\tau F(p),
 
 where :math:`\Phi` is the log-sum-exp potential (the convex conjugate of the entropic regularizer,
@@ -179,7 +180,8 @@ def log_sum_exp_potential(scores: torch.Tensor, tau: float = 1.0, dim: int = -1)
 
     .. math::
 
-        \Phi(s) = \max_{p\in\Delta}\;\langle s,p\rangle + \tau H(p), \qquad
+        \Phi(s) = \max_{p\in\Delta}\;\langle s,p\rangle + \tau H(p),
+
         \nabla\Phi(s) = \operatorname{softmax}(s/\tau), \qquad
         \nabla^2\Phi(s) = \tfrac1\tau\big(\mathrm{diag}(p)-pp^\top\big),
 

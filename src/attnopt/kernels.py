@@ -1110,9 +1110,10 @@ def contraction_bound(
 
     .. math::
 
-        \tau = \tau(\Pi)\,K_\ell\,\frac{2\|G\|_{\mathrm{Lip},\infty}\operatorname{diam}(E)
-        + \|G\|_\infty + 2\|G\|_{\infty,\mathrm{Lip}}\operatorname{diam}(E)}{\epsilon(G)},
-        \qquad \tau(\Pi)=d .
+        \tau = d\,K_\ell\,\frac{2\|G\|_{\mathrm{Lip},\infty}\operatorname{diam}(E)
+        + \|G\|_\infty + 2\|G\|_{\infty,\mathrm{Lip}}\operatorname{diam}(E)}{\epsilon(G)}
+
+    (:math:`\tau(\Pi)=d`).
 
     Args:
         lip_first: :math:`\|G\|_{\mathrm{Lip},\infty}=\sup_y\|G(\bullet,y)\|_{\mathrm{Lip}}` (query slot).
@@ -1258,9 +1259,11 @@ def gaussian_potential_bound(
 
     .. math::
 
-        \mathbb W_1(\mu\mathbf A_\mu,\nu\mathbf A_\nu)\le 2\,\tau(\Pi)\,\tau(L)\Big[\sqrt d\,
-        \sqrt{\ln\min(N,M)+\tfrac1{2e}}\;\|G\|_{\mathrm{Lip}}+\|G\|_\infty+\sqrt d+2\Big]\,
-        \mathbb W_1(\mu,\nu)
+        \begin{aligned}
+        \mathbb W_1(\mu\mathbf A_\mu,\nu\mathbf A_\nu)\le{}& 2\,\tau(\Pi)\,\tau(L)\,C\,
+        \mathbb W_1(\mu,\nu),\\
+        C ={}& \sqrt d\,\sqrt{\ln\min(N,M)+\tfrac1{2e}}\;\|G\|_{\mathrm{Lip}}+\|G\|_\infty+\sqrt d+2
+        \end{aligned}
 
     (Cor. 30 is :math:`N=M`); the bracket is the constant of Prop. 28.  **This is the printed
     formula, not a proven bound**: Prop. 28, on which the theorem's proof rests, is false as

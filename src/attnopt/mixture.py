@@ -364,8 +364,9 @@ def weighted_log_likelihood(points, weights, means, covariances, mixing) -> torc
 
     Example:
         >>> import math, torch
-        >>> ll = weighted_log_likelihood(torch.zeros(1, 2), torch.ones(1), torch.zeros(1, 2),
-        ...                              torch.eye(2)[None], torch.ones(1))
+        >>> point, mean = torch.zeros(1, 2), torch.zeros(1, 2)
+        >>> cov, one = torch.eye(2)[None], torch.ones(1)
+        >>> ll = weighted_log_likelihood(point, one, mean, cov, one)
         >>> round(ll.item(), 6) == round(-math.log(2 * math.pi), 6)
         True
     """
@@ -509,10 +510,11 @@ def weighted_em(
 
     .. math::
 
-        N_k=\sum_l w_l\gamma_{lk},\quad
-        \mu_k=\frac{1}{N_k}\sum_l w_l\gamma_{lk}t_l,\quad
-        \Sigma_k=\frac{1}{N_k}\sum_l w_l\gamma_{lk}(t_l-\mu_k)(t_l-\mu_k)^\top+\varepsilon_k I,\quad
-        \pi_k=\frac{N_k}{\sum_l w_l}
+        N_k=\sum_l w_l\gamma_{lk},\qquad
+        \mu_k=\frac{1}{N_k}\sum_l w_l\gamma_{lk}t_l,\qquad
+        \pi_k=\frac{N_k}{\sum_l w_l},
+
+        \Sigma_k=\frac{1}{N_k}\sum_l w_l\gamma_{lk}(t_l-\mu_k)(t_l-\mu_k)^\top+\varepsilon_k I
 
     (5.12)--(5.15; :math:`\pi_k=N_k` in (5.14) assumes :math:`\sum_lw_l=1`).  The floor
     :math:`\varepsilon_k I` (``cov_floor``, as ``reg_covar`` of scikit-learn) keeps the covariances
@@ -595,8 +597,9 @@ def weighted_em(
 
     Example:
         >>> import torch
-        >>> t = torch.tensor([[0.0, 0.0], [0.1, 0.0], [1.0, 1.0], [1.1, 1.0]], dtype=torch.float64)
-        >>> fit = weighted_em(t, torch.ones(4, dtype=torch.float64), 2, init="regions", tol=None)
+        >>> t = torch.tensor([[0, 0], [0.1, 0], [1, 1], [1.1, 1]])
+        >>> w = torch.ones(4)
+        >>> fit = weighted_em(t.double(), w.double(), 2, init="regions", tol=None)
         >>> fit.means[fit.means[:, 0].argsort()]
         tensor([[0.0500, 0.0000],
                 [1.0500, 1.0000]], dtype=torch.float64)

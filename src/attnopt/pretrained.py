@@ -17,9 +17,11 @@ and compared with what the model computes.
 
 .. math::
 
-    s_{ki}=\frac{\langle W_Kx_i+b_K,\;W_Qx_k+b_Q\rangle}{\sqrt{d'}}
-    =\Big\langle \frac{x_i}{\sqrt{d'}},\;W_K^\top(W_Qx_k+b_Q)\Big\rangle
+    \begin{aligned}
+    s_{ki}&=\frac{\langle W_Kx_i+b_K,\;W_Qx_k+b_Q\rangle}{\sqrt{d'}}\\
+    &=\Big\langle \frac{x_i}{\sqrt{d'}},\;W_K^\top(W_Qx_k+b_Q)\Big\rangle
     +\frac{\langle b_K,\;W_Qx_k+b_Q\rangle}{\sqrt{d'}} .
+    \end{aligned}
 
 The last term does not depend on :math:`i`, and a softmax ignores constants, so with the paper's
 choice (Sec. 8) :math:`\alpha=1`, :math:`t_i=x_i/\sqrt{d'}`, :math:`u` uniform on the unpadded keys

@@ -273,10 +273,11 @@ def alibi_log_prior(
 
     .. math::
 
-        \log \pi_{ij} = -m\,(i' - j) \text{ for } j \le i' \;(-\infty \text{ otherwise}), \qquad
-        \text{or } -m\,|i'-j| \text{ when not causal},
+        \log \pi_{ij} = \begin{cases} -m\,(i' - j) & j \le i',\\ -\infty & j > i', \end{cases}
+        \qquad\text{or}\qquad \log \pi_{ij} = -m\,|i'-j|
 
-    with :math:`i' = i + n_{\text{keys}} - n_{\text{queries}}` (queries aligned with the last keys).
+    when causal or not, with :math:`i' = i + n_{\text{keys}} - n_{\text{queries}}` (queries aligned
+    with the last keys).
     ``prior_softmax(s, alibi_log_prior(...), log_prior=True)`` equals the ALiBi attention
     ``softmax(s + b)`` at :math:`\tau=1`; at other temperatures pass ``log_prior / tau`` (seed 003
     names ALiBi as a prior-type regularizer :math:`\Omega`).
@@ -636,8 +637,9 @@ def entmax(
 
     .. math::
 
-        p_j = \big[(\alpha-1)s_j - \lambda\big]_+^{1/(\alpha-1)},\quad \textstyle\sum_j p_j=1
-        \qquad = \arg\min_{p\in\Delta}\; -\langle s,p\rangle
+        p_j = \big[(\alpha-1)s_j - \lambda\big]_+^{1/(\alpha-1)},\qquad \textstyle\sum_j p_j=1,
+
+        p = \arg\min_{p\in\Delta}\; -\langle s,p\rangle
         + \frac{\sum_j p_j^\alpha - 1}{\alpha(\alpha-1)} ,
 
     the family seed 003 obtains by "changing the regularizer :math:`\Omega(p)`": :math:`\alpha\to 1`
@@ -1017,8 +1019,9 @@ def sinkhorn_attention(
 
     .. math::
 
-        P^\star = \arg\min_{P\in U(a,b)} \sum_{ij} C_{ij}P_{ij} - \varepsilon H(P), \quad
-        C_{ij} = -s_{ij}, \qquad \text{weights } W_{ij} = P^\star_{ij}/a_i ,
+        P^\star = \arg\min_{P\in U(a,b)} \sum_{ij} C_{ij}P_{ij} - \varepsilon H(P),
+
+        C_{ij} = -s_{ij}, \qquad W_{ij} = P^\star_{ij}/a_i ,
 
     eq. (3) of seed 002 (the EOT problem whose one-sided special case, eq. (4), is softmax), with
     uniform marginals :math:`a_i = 1/n`, :math:`b_j = 1/m` over the live queries and keys.  The
