@@ -31,7 +31,7 @@ def test_ch2_kernels_in_code(results):
     # "at beta = 4 it stalls at a finite value with several clusters"
     assert r["clusters"][sharp] >= 2
     assert r["final_diameter"][sharp] > 0.5 * r["initial_diameter"][sharp]
-    # "the diameter doubles per layer (the last growth factor printed above)"
+    # "the diameter doubles per layer (the growth factor in the table)"
     assert abs(r["residual_growth_factor"] - 2.0) < 0.05
     assert r["final_diameter"][residual] > 1e3 * r["initial_diameter"][residual]
     # "the same clustering appears on the circle" / "merge into a few clusters"
@@ -74,20 +74,20 @@ def test_ch2_maximum_entropy(results):
 def test_ch2_regularity(results):
     r = results("ch2_regularity")
     assert r["scale"] == "book"
-    # Cor. 24. "The bound holds everywhere"
+    # Query-Lipschitz corollary (Cor. 24 of Vuckovic et al.). "The bound holds everywhere"
     assert r["cor24_jacobian_check"] <= 1e-12
     assert r["cor24_max_measured_over_bound"] <= 1.0
     # "the looseness ranges from about one order of magnitude (small box, d=1) to about twelve (R=2, d=8)"
     assert 3 <= r["cor24_looseness_min"] <= 30
     assert 1e11 <= r["cor24_looseness_max"] <= 1e13
 
-    # Thm. 23. "The corrected constant stays above every measurement"
+    # Contraction theorem (Thm. 23 there). "The corrected constant stays above every measurement"
     for name in ("dot", "gaussian"):
         assert r["thm23_max_measured_over_corrected"][name] <= 1.0, name
         assert r["thm23_max_measured_over_corrected_tau1"][name] <= 1.0, name
         # "On small boxes ... the measured ratio tends to 1"
         assert abs(r["thm23_smallest_radius_ratio"][name] - 1.0) <= 0.01, name
-        # "the crosses mark the radii where Thm. 23 as printed is violated"
+        # "the crosses mark the radii where it [the uncorrected constant] is violated"
         assert r["thm23_smallest_radius_printed"][name] < r["thm23_smallest_radius_ratio"][name], name
     # "the three smallest radii for the dot product, the smallest one for the Gaussian potential"
     assert r["thm23_printed_violations"] == {"dot": 3, "gaussian": 1}
@@ -101,7 +101,7 @@ def test_ch2_regularity(results):
     assert r["dot_two_token_max"] > r["gaussian_bound_two"]  # grows past any fixed bound we draw
     # "random clouds grow more slowly ..., but they grow too"
     assert r["dot_clouds_max"] > 5 * r["gaussian_clouds_max"]
-    # "The Gaussian potential stays near 1 for any spread, well under the bound of Thm. 29."
+    # "The Gaussian potential stays near 1 for any spread, well under the sqrt(ln N) constant."
     assert r["gaussian_two_token_max"] <= 2.0 and r["gaussian_clouds_max"] <= 2.0
     assert r["gaussian_two_token_max"] <= r["gaussian_bound_two"]
     assert r["gaussian_clouds_max"] <= r["gaussian_bound_cloud"]
@@ -115,28 +115,30 @@ def test_ch2_regularity(results):
         assert bound[k] > bound[k - 1]
     # "the worst local ratio our search finds grows with N too"
     assert r["search_growth_per_log_n"] > 0 and r["search_rho"][-1] > r["search_rho"][0]
-    # "the bound stays several times above it for every N we tried"
+    # "the constant stays several times above it for every N we tried"
     assert r["search_bound_margin"] >= 3
-    # Prop. 28. "violated from N = 10 on in the family above, with a gap that grows linearly in N"
+    # Single query (Prop. 28 there). "The single-query ratio exceeds the bracket C_N from N=10 on in
+    # this family, with a gap that grows linearly in N"
     assert r["prop28_first_failure"] == 10
     ratios = dict(zip(r["prop28_N"], r["prop28_ratio"]))
     assert math.isclose(ratios[1000] / ratios[100], 10.0, rel_tol=1e-3)
     for n_, ratio, bracket in zip(r["prop28_N"], r["prop28_ratio"], r["prop28_bracket"]):
         assert (ratio > bracket) == (n_ >= 10), n_
 
-    # Prop. 25. "Every point lies under the corrected line"
+    # Neighbourhoods (Prop. 25 there). "Every point lies under the corrected line"
     for key in ("1.0", "0.05"):
         assert r["prop25"][key]["max_over_corrected"] <= 1.0, key
-    # "the output moves by nearly W1 itself (slope about 1) -- while the printed constant is about 0.03
-    # and is violated by every sub-sampled neighbourhood"
+    # "the output moves by nearly W1 itself (slope about 1) -- while the uncorrected constant is about
+    # 0.03 and is violated by *every* sub-sampled neighbourhood"
     small = r["prop25"]["0.05"]
     assert 0.9 <= small["max_ratio"] <= 1.1
     assert 0.02 <= small["printed"] <= 0.04
     assert small["printed_violations"] == small["n"] > 0
-    # "On the R = 1 box the printed constant happens to hold"
+    # "On the R = 1 box the uncorrected constant happens to hold"
     assert r["prop25"]["1.0"]["printed_violations"] == 0
 
-    # Prop. 26. "the corrected Thm. 23 with tau(Pi)=1 certifies tau(T) < 1 on E", tokens stay in E
+    # Weight-shared stacks (Prop. 26 there). "the corrected contraction constant with tau(Pi)=1
+    # certifies tau(T) < 1 on E", tokens stay in E
     assert r["prop26_tau_certified"] < 1.0
     assert r["prop26_in_box"] <= 1.0
     # "all five inputs ... end at the same configuration, every token at z*"
