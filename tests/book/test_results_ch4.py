@@ -10,6 +10,12 @@ def test_ch4_continuous_1d(results):
     # "the support has half-width a = (3 sigma^2 / 2)^(1/3)"
     for s2, a in r["support_half_widths"].items():
         assert abs(a - (1.5 * float(s2)) ** (1 / 3)) < 1e-12
+    # "check by a Riemann sum that they have the same variance" (variance 1, parameter (2/3) 5^(3/2))
+    assert r["same_variance_error"] < 1e-4
+    # "we check it against the trapezoid rule on a fine grid" (the context c = B r)
+    assert r["context_vs_trapezoid"] < 1e-5
+    # "the library's r_j lie on the blurred density" N(mu; mu_j, sigma^2 + sigma_j^2)
+    assert r["rbf_forward_error"] < 1e-12
     # "the library and quadrature agree to better than 1e-12 ... in the forward pass and in the Jacobian, for both families"
     for key in ("softmax_forward_rel_error", "softmax_jacobian_rel_error",
                 "sparsemax_forward_rel_error", "sparsemax_jacobian_rel_error"):
@@ -28,6 +34,8 @@ def test_ch4_continuous_2d(results):
     assert r["scale"] == "book"
     # "the mass is 1, the mean is mu and the covariance equals -lambda Sigma / 3 to better than 1e-9"
     assert r["theorem1_max_rel_error"] < 1e-9
+    # "its support ... is the ellipse of radius sqrt(D+4) = sqrt(6) in the metric of its own covariance"
+    assert r["support_vs_sqrt6_sd"] < 1e-12
     # "The error falls by more than a factor 3 between the smallest and the largest basis"
     err = {int(k): v for k, v in r["recon_error"].items()}
     assert err[max(err)] < err[min(err)] / 3
@@ -35,7 +43,7 @@ def test_ch4_continuous_2d(results):
     #  families and in all five gradient entries of continuous sparsemax"
     assert max(r["dblquad_errors"].values()) < 1e-8
     t = r["table41"]
-    # "2D-Num is the slowest method and 1D-Naive the fastest of the thesis's five"
+    # "The running times put 2D-Num last and 1D-Naive first among the five methods"
     assert max(t, key=lambda m: t[m]["seconds"]) == "2D-Num"
     five = ["2D-Num", "2D-Num-Circle", "2D-Num-Polar", "1D-Num", "1D-Naive"]
     assert min(five, key=lambda m: t[m]["seconds"]) == "1D-Naive"
@@ -59,7 +67,7 @@ def test_ch4_continuous_2d(results):
 def test_ch4_multimodal(results):
     r = results("ch4_multimodal")
     assert r["scale"] == "book"
-    # "the smallest increment over the 200 iterations ... above -1e-12 (round-off)"
+    # "the smallest increment over the 200 iterations is above -1e-12 (round-off)"
     assert r["em_iterations"] == 200 and r["min_increment"] > -1e-12
     # "it equals the K=1 EM fit to 1e-12"; "its means are within 0.03 of the blob centres"
     assert r["k1_vs_moment_matching"] < 1e-12 and r["mean_recovery"] < 0.03
@@ -69,7 +77,7 @@ def test_ch4_multimodal(results):
     # shares are percentages of the population
     for shares in r["shares"].values():
         assert abs(sum(shares) - 100) < 1e-9
-    # "the mean K* decreases strictly with lambda and the share of K*=1 never decreases"
+    # "the mean K* decreases strictly with kappa and the share of K*=1 never decreases"
     lams = [str(x) for x in r["penalties"]]
     assert all(r["mean_k"][a] > r["mean_k"][b] for a, b in zip(lams, lams[1:]))
     assert all(r["shares"][a][0] <= r["shares"][b][0] for a, b in zip(lams, lams[1:]))

@@ -6,7 +6,7 @@ HEADS = ("discrete", "continuous_softmax", "continuous_sparsemax", "mixture", "m
 def test_ch4_vqa_attention_maps(results):
     r = results("ch4_vqa_attention_maps")
     assert r["scale"] == "book"
-    # "trained with an extra loss, not part of the thesis ... (beta = 1)"
+    # "We therefore train with an extra loss that the original experiments did not use ... (beta = 1)"
     assert r["attention_supervision"] == 1.0
     for h in HEADS:
         # "Every trained head answers more questions correctly than the majority answer — by more than 15 points"
