@@ -117,7 +117,8 @@ def test_set_repository_round_trip(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- notebooks read as lessons (STYLE.md)
 
-MAX_LINES, MAX_COLUMNS, MIN_FONT = 40, 88, 10
+# 76 columns: what a code block shows at 1280 px without scrolling (684 px at 8.4 px a character).
+MAX_LINES, MAX_COLUMNS, MIN_FONT = 40, 76, 10
 # A cell that creates a figure (it must be folded and captioned).
 DRAWS = re.compile(r"\b(plt\.(subplots|figure|subplot)|small_multiples|attention_heatmap)\(")
 MYST_ROLE = re.compile(r"\{[a-z][\w-]*(:[\w-]+)?\}`")
