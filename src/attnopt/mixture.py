@@ -597,9 +597,9 @@ def weighted_em(
 
     Example:
         >>> import torch
-        >>> t = torch.tensor([[0, 0], [0.1, 0], [1, 1], [1.1, 1]])
-        >>> w = torch.ones(4)
-        >>> fit = weighted_em(t.double(), w.double(), 2, init="regions", tol=None)
+        >>> t = torch.tensor([[0, 0], [0.1, 0], [1, 1], [1.1, 1]]).double()
+        >>> w = torch.ones(4).double()
+        >>> fit = weighted_em(t, w, 2, init="regions", tol=None)
         >>> fit.means[fit.means[:, 0].argsort()]
         tensor([[0.0500, 0.0000],
                 [1.0500, 1.0000]], dtype=torch.float64)
