@@ -27,6 +27,7 @@ import pytest
 import torch
 
 import attnopt
+from attnopt import book
 from attnopt import fenchel as F
 from attnopt import kernels as K
 from attnopt import pretrained
@@ -47,6 +48,17 @@ NOTHING_TO_VALIDATE = {
     "vqa.VQAOutput": "a result container built by VQAModel",
     "pretrained.AttentionInputs": "a result container built by attention_inputs",
 }
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    plt.close(fig)
+    return fig
 
 
 def rand(*shape, seed=0, scale=1.0):
@@ -92,6 +104,13 @@ BAD = [
     (lambda: K.neighbourhood_bound(lip_second=1.0, epsilon=0.1, diameter=1.0, dim=2, as_printed="no"), TypeError, "as_printed"),
     (lambda: pretrained.load_minilm("nonsense"), ValueError, "device"),
     (lambda: pretrained.load_minilm(3), TypeError, "device"),
+    (lambda: book.markdown_table([[1, 2]]), ValueError, "columns"),
+    (lambda: book.markdown_table([[1, 2]], columns=["a"]), ValueError, "columns"),
+    (lambda: book.markdown_table([3], columns=["a"]), TypeError, "rows"),
+    (lambda: book.markdown_table([{"a": 1}], digits=2.5), TypeError, "digits"),
+    (lambda: book.save_figure("not a figure", "x"), TypeError, "fig"),
+    (lambda: book.save_figure(_figure(), "../escape"), ValueError, "name"),
+    (lambda: book.save_figure(_figure(), ""), ValueError, "name"),
 ]
 
 
@@ -133,3 +152,13 @@ def test_read_free_branch_agrees_with_the_cpu_branch(name):
     torch.testing.assert_close(out_free, out_cpu, atol=1e-9, rtol=1e-7)
     for a, b in zip(grads_free, grads_cpu):
         torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-6)
+
+
+def test_edge_tables_and_figures(tmp_path, monkeypatch):
+    assert book.markdown_table([]).data.splitlines()[0] == "|  |"  # no rows, no columns: an empty header
+    assert "| 1 | 2 |" in book.markdown_table([[1, 2]], columns=["a", "b"]).data
+    monkeypatch.delenv(book.FIGURES_ENV, raising=False)
+    assert book.save_figure(_figure(), "ch0-demo") is None  # outside the book's build nothing is written
+    monkeypatch.setenv(book.FIGURES_ENV, str(tmp_path))
+    path = book.save_figure(_figure(), "ch0-demo")
+    assert path == tmp_path / "ch0-demo.png" and path.is_file()
