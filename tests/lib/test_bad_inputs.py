@@ -47,6 +47,12 @@ NOTHING_TO_VALIDATE = {
     "vqa.VQABatch": "a result container built by make_batch / SyntheticVQA",
     "vqa.VQAOutput": "a result container built by VQAModel",
     "pretrained.AttentionInputs": "a result container built by attention_inputs",
+    "explore.PreferenceView": "a result container (NamedTuple) built by preference_view",
+    "explore.FlowView": "a result container (NamedTuple) built by particle_flow",
+    "explore.RegularizerView": "a result container (NamedTuple) built by regularized_weights",
+    "explore.ImageValues": "a result container (NamedTuple) built by image_value_function",
+    "explore.DensityView": "a result container (NamedTuple) built by density_view",
+    "explore.FourViews": "a result container (NamedTuple) built by four_views",
 }
 
 
