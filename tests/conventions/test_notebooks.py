@@ -1,7 +1,6 @@
 """Conventions every notebook of the course follows (checked on the committed, unexecuted files)."""
 
 import ast
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -11,9 +10,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-_spec = importlib.util.spec_from_file_location("set_repository", ROOT / "tools" / "set_repository.py")
-set_repository = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(set_repository)
 
 
 def source(cell) -> str:
@@ -63,21 +59,7 @@ def test_parameters_cell(notebook):
     assert values.get("scale") == "book", f"{path.name}: parameter scale must default to 'book'"
 
 
-def test_first_cell_installs_only_in_colab(notebook):
-    path, nb = notebook
-    first = nb["cells"][0]
-    assert first["cell_type"] == "code" and "colab-setup" in first["metadata"].get("tags", []), (
-        f"{path.name}: the first cell must be the Colab setup cell (tag 'colab-setup')"
-    )
-    src = source(first)
-    assert 'if "google.colab" in sys.modules:' in src, f"{path.name}: install must be guarded by the Colab check"
-    url, branch = set_repository.config_repository((ROOT / "_config.yml").read_text())
-    match = set_repository.INSTALL.search(src)
-    assert match, f"{path.name}: no 'attnopt @ git+URL@BRANCH' install line"
-    assert (match["url"], match["branch"]) == (url, branch), (
-        f"{path.name}: installs from {match['url']}@{match['branch']} but _config.yml says {url}@{branch}; "
-        "run tools/set_repository.py"
-    )
+# The Colab set-up cell (first cell, tag 'colab-setup') is checked in test_colab_setup.py.
 
 
 def test_seeded_and_records_results(notebook):
@@ -99,20 +81,6 @@ def test_claims_are_tested(notebook):
     path, _ = notebook
     text = "\n".join(p.read_text() for p in (ROOT / "tests" / "book").glob("test_results*.py"))
     assert f'results("{path.stem}")' in text, f"{path.name}: no claims about its results in tests/book/test_results*.py"
-
-
-def test_set_repository_round_trip(tmp_path, monkeypatch):
-    """tools/set_repository.py rewrites the config and the install lines together."""
-    import shutil
-
-    for name in ("_config.yml",):
-        shutil.copy(ROOT / name, tmp_path / name)
-    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
-    monkeypatch.setattr(set_repository, "ROOT", tmp_path)
-    set_repository.main(["https://github.com/someone/fork", "--branch", "dev"])
-    assert set_repository.config_repository((tmp_path / "_config.yml").read_text()) == ("https://github.com/someone/fork", "dev")
-    for nb in (tmp_path / "notebooks").glob("*.ipynb"):
-        assert "attnopt @ git+https://github.com/someone/fork@dev" in nb.read_text()
 
 
 # ---------------------------------------------------------------- notebooks read as lessons (STYLE.md)
