@@ -119,6 +119,8 @@ def main(argv=None) -> int:
     os.environ["ATTNOPT_FIGURES_DIR"] = str(FIGURES)
     FIGURES.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    # Progress bars (attnopt.widgets.progress) are for readers running a notebook, not for the book.
+    os.environ.setdefault("TQDM_DISABLE", "1")
     RESULTS.mkdir(parents=True, exist_ok=True)
     stage_sources()
     notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))

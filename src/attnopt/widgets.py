@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from typing import Callable
 
 import matplotlib as mpl
@@ -33,6 +34,9 @@ from matplotlib.figure import Figure
 
 from . import explore
 from ._validation import as_float_tensor, check_choice, check_int, check_number
+
+#: The environment variable that silences :func:`progress` (tqdm's own; the book's runner sets it).
+PROGRESS_ENV = "TQDM_DISABLE"
 from .plotting import _STYLE, PALETTE
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
     "flow_explorer",
     "four_views_explorer",
     "preference_explorer",
+    "progress",
     "regularizer_explorer",
 ]
 
@@ -68,6 +73,46 @@ def _check_view(view, kind: type, name: str = "view"):
     if not isinstance(view, kind):
         raise TypeError(f"{name} must be the {kind.__name__} of attnopt.explore; got {type(view).__name__}")
     return view
+
+
+# --------------------------------------------------------------------------------------------
+# Progress bars for long loops
+# --------------------------------------------------------------------------------------------
+
+
+def progress(iterable=None, *, total: int | None = None, desc: str | None = None):
+    """A progress bar over ``iterable`` for a loop that runs more than a few seconds.
+
+    ``tqdm.auto``'s bar: a widget in JupyterLab and Colab, a line of text in a terminal.  It is
+    silent when the environment variable ``TQDM_DISABLE`` holds a true value (``1``, ``true``,
+    ``yes``): the book's runner, ``tools/run_notebooks.py``, sets it, so that the rendered pages
+    show no bar (tqdm's notebook bar ignores that variable by itself, hence this function).
+
+    Args:
+        iterable: what to loop over (``None`` for a bar updated by hand with ``update``).
+        total: the number of steps, when ``iterable`` has no length.
+        desc: a short label shown before the bar.
+
+    Returns:
+        A ``tqdm`` object: iterate over it as over ``iterable``.
+
+    Raises:
+        TypeError: ``total`` not an int, ``desc`` not a string.
+        ValueError: ``total < 0``.
+        ModuleNotFoundError: ``tqdm`` is not installed (``pip install tqdm``).
+
+    Example:
+        >>> [k * k for k in progress(range(4), desc="squares")]  # the bar itself goes to stderr
+        [0, 1, 4, 9]
+    """
+    if total is not None:
+        total = check_int(total, "total", minimum=0)
+    if desc is not None and not isinstance(desc, str):
+        raise TypeError(f"desc must be a string; got {type(desc).__name__}")
+    from tqdm.auto import tqdm
+
+    silent = os.environ.get(PROGRESS_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return tqdm(iterable, total=total, desc=desc, disable=silent)
 
 
 # --------------------------------------------------------------------------------------------

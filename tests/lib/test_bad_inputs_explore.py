@@ -199,6 +199,9 @@ def test_widget_layer_bad_arguments_are_named(widgets):
         (lambda: widgets.draw_density(explore.density_view(VALUES, MU.expand(2, 2), V), fig), ValueError, "view"),
         (lambda: widgets.draw_four_views(explore.four_views(Q.expand(2, 4), K, 1.0), fig), ValueError, "view"),
         (lambda: widgets.draw_four_views(None, fig), TypeError, "view"),
+        (lambda: widgets.progress(range(3), total=-1), ValueError, "total"),
+        (lambda: widgets.progress(range(3), total=2.5), TypeError, "total"),
+        (lambda: widgets.progress(range(3), desc=3), TypeError, "desc"),
     ]
     for call, error, word in cases:
         with pytest.raises(error, match=word):

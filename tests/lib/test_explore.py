@@ -380,3 +380,16 @@ def test_draw_functions_draw_the_static_figures(widgets):
         fig = Figure(figsize=widgets.FIGSIZE)
         draw(view, fig, **kwargs)
         assert fig.axes and all(ax.has_data() for ax in fig.axes)
+
+
+def test_progress_is_silent_when_the_book_runs(widgets, monkeypatch):
+    pytest.importorskip("tqdm")
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    bar = widgets.progress(range(5), desc="steps")
+    assert not bar.disable and list(bar) == [0, 1, 2, 3, 4] and bar.total == 5
+    for value in ("1", "true", "YES"):
+        monkeypatch.setenv("TQDM_DISABLE", value)
+        bar = widgets.progress(iter(range(3)), total=3)
+        assert bar.disable and list(bar) == [0, 1, 2]
+    monkeypatch.setenv("TQDM_DISABLE", "0")
+    assert not widgets.progress(range(2)).disable
