@@ -55,12 +55,14 @@ book: html
 	@echo "The book is at $(abspath $(HTML))/index.html"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests/lib tests/conventions tests/assignments
+	$(BIN)/python -m pytest tests/lib tests/conventions tests/assignments tests/lab
 	$(MAKE) pdf student-book
 	$(BIN)/python -m pytest tests/book
 
+# JupyterLab on the notebooks, the explorers' widgets working (tests/lab runs one in a browser);
+# --allow-root only when run as root (a container)
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf _build
