@@ -56,6 +56,7 @@ book: html
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests/lib tests/conventions tests/assignments tests/lab
+	$(BIN)/python -m pytest --doctest-modules src/attnopt
 	$(MAKE) pdf student-book
 	$(BIN)/python -m pytest tests/book
 

@@ -33,7 +33,7 @@ import time
 
 import torch
 
-import attnopt.fenchel as fenchel
+import attnopt._fenchel_solvers as solvers
 from attnopt.fenchel import relative_deviation, solve_dual
 
 
@@ -146,11 +146,11 @@ def main() -> None:
                 sync(device)
 
             def cold():  # ablation: the Gram-space Newton iteration from lambda = alpha z, no warm start
-                saved, fenchel._CAUCHY_STEPS = fenchel._CAUCHY_STEPS, 0
+                saved, solvers.CAUCHY_STEPS = solvers.CAUCHY_STEPS, 0
                 try:
                     solve_dual(b, T, None, a, tol, method="gram")
                 finally:
-                    fenchel._CAUCHY_STEPS = saved
+                    solvers.CAUCHY_STEPS = saved
                 sync(device)
 
             def span():

@@ -97,7 +97,7 @@ def set_checks(mode: str) -> str:
     Raises:
         ValueError: for an unknown mode.
 
-    Example:
+    Examples:
         >>> import attnopt
         >>> old = attnopt.set_checks("eager")  # ValueError at the call
         >>> attnopt.set_checks(old)
@@ -110,7 +110,14 @@ def set_checks(mode: str) -> str:
 
 
 def get_checks() -> str:
-    """The current mode of data checks (see :func:`set_checks`)."""
+    """The current mode of data checks (see :func:`set_checks`).
+
+    Examples:
+        >>> import attnopt
+        >>> with attnopt.checks("eager"):
+        ...     attnopt.get_checks()
+        'eager'
+    """
     return _mode
 
 
@@ -118,7 +125,7 @@ def get_checks() -> str:
 def checks(mode: str) -> Iterator[None]:
     """Context manager: run the block with data checks in ``mode``, then restore the old mode.
 
-    Example:
+    Examples:
         >>> import torch, attnopt
         >>> with attnopt.checks("off"):  # no check reads the data in the block
         ...     p = attnopt.attention_weights(torch.zeros(2, 3))

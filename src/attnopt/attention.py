@@ -11,6 +11,10 @@ For queries :math:`q_i`, keys :math:`k_j` and values :math:`v_j`,
 where a key that the mask forbids gets :math:`s_{ij} = -\infty`, hence weight zero.  This is the
 object every chapter of the course rederives from an optimization problem; here it is only the
 reference implementation, checked against :func:`torch.nn.functional.scaled_dot_product_attention`.
+
+References:
+    Vaswani et al. (2017), *Attention Is All You Need*, eq. (1).  Bahdanau, Cho and Bengio (2015),
+    *Neural Machine Translation by Jointly Learning to Align and Translate*, eqs. (5)–(6).
 """
 
 from __future__ import annotations
@@ -68,11 +72,16 @@ def attention_scores(
             infinite ``query``/``key``, NaN or ``+inf`` ``bias``, ``scale <= 0``, scores that
             overflow the dtype.
 
-    Example:
+    Examples:
         >>> q = torch.tensor([[1.0, 0.0]])
         >>> k = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
         >>> attention_scores(q, k, scale=1.0)
         tensor([[2., 0.]])
+        >>> attention_scores(q, k, scale=1.0, mask=torch.tensor([[False, True]]))
+        tensor([[-inf, 0.]])
+
+    References:
+        Vaswani et al. (2017), *Attention Is All You Need*, eq. (1) (the scaled inner products).
     """
     query = as_float_tensor(query, "query", min_ndim=2)
     key = as_float_tensor(key, "key", min_ndim=2)
@@ -122,11 +131,14 @@ def attention_weights(scores: torch.Tensor) -> torch.Tensor:
         TypeError: ``scores`` not floating.
         ValueError: NaN or ``+inf`` scores.
 
-    Example:
+    Examples:
         >>> inf = float("inf")
         >>> attention_weights(torch.tensor([[0.0, 0.0], [-inf, -inf]]))
         tensor([[0.5000, 0.5000],
                 [0.0000, 0.0000]])
+
+    References:
+        Vaswani et al. (2017), *Attention Is All You Need*, eq. (1) (the softmax of the scores).
     """
     scores = as_float_tensor(scores, "scores", min_ndim=1)
     check_finite(scores, "scores", allow_neg_inf=True)
@@ -165,12 +177,18 @@ def scaled_dot_product_attention(
         ValueError: as :func:`attention_scores`, and a ``value`` on another device than ``key``,
             with another number of keys, or with NaN or infinite entries.
 
-    Example:
+    Examples:
         >>> q, k = torch.randn(2, 5, 8), torch.randn(2, 7, 8)
         >>> v = torch.randn(2, 7, 3)
         >>> out, p = scaled_dot_product_attention(q, k, v)
         >>> out.shape, p.shape
         (torch.Size([2, 5, 3]), torch.Size([2, 5, 7]))
+        >>> reference = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        >>> torch.allclose(out, reference, atol=1e-6)
+        True
+
+    References:
+        Vaswani et al. (2017), *Attention Is All You Need*, eq. (1).
     """
     value = as_float_tensor(value, "value", min_ndim=2)
     key = as_float_tensor(key, "key", min_ndim=2)

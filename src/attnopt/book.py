@@ -1,8 +1,11 @@
-"""Small helpers every notebook of the course uses: device choice, seeding, recording results.
+"""Small helpers every notebook of the course uses: device choice, seeding, test data, checks, results.
 
-A notebook records its key numbers with :func:`record`; the course's tests read them back and
-check them against the claims the book makes, so a figure and the sentence under it cannot drift
-apart silently.
+A notebook picks its device and seeds its generators (:func:`pick_device`, :func:`seed_everything`),
+draws its test data (:func:`random_qkv`), compares one computation with another
+(:func:`max_error`), and records its key numbers with :func:`record`; the course's tests read them
+back and check them against the claims the book makes, so a figure and the sentence under it cannot
+drift apart silently.  Tables and figures for the book go through :func:`markdown_table` and
+:func:`save_figure`.
 """
 
 from __future__ import annotations
@@ -18,9 +21,30 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._validation import check_choice, check_device, check_int
+from ._validation import (
+    as_float_tensor,
+    broadcast_shapes,
+    check_choice,
+    check_device,
+    check_float_dtype,
+    check_int,
+    check_same_device,
+)
 
-__all__ = ["FIGURES_ENV", "RESULTS_ENV", "SEED_RANGE", "check_scale", "in_colab", "pick_device", "markdown_table", "record", "save_figure", "seed_everything"]
+__all__ = [
+    "FIGURES_ENV",
+    "RESULTS_ENV",
+    "SEED_RANGE",
+    "check_scale",
+    "in_colab",
+    "markdown_table",
+    "max_error",
+    "pick_device",
+    "random_qkv",
+    "record",
+    "save_figure",
+    "seed_everything",
+]
 
 #: Environment variable naming the folder :func:`record` writes to (set by the book's runner).
 RESULTS_ENV = "ATTNOPT_RESULTS_DIR"
@@ -31,7 +55,12 @@ SCALES = ("book", "full")
 
 
 def in_colab() -> bool:
-    """True when running inside Google Colab."""
+    """True when running inside Google Colab.
+
+    Examples:
+        >>> in_colab()
+        False
+    """
     return "google.colab" in sys.modules
 
 
@@ -49,7 +78,7 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
         ValueError: a string torch does not know (the message lists the accepted ones), or an
             accelerator (CUDA, MPS) that this machine does not have.
 
-    Example:
+    Examples:
         >>> pick_device("cpu")
         device(type='cpu')
     """
@@ -59,15 +88,29 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
 def check_scale(scale: str) -> str:
     """Validate a notebook's ``scale`` parameter (``"book"`` for CPU figures, ``"full"`` for a GPU).
 
+    Returns:
+        ``scale``, checked.
+
     Raises:
         TypeError: ``scale`` not a string.
         ValueError: ``scale`` not one of ``("book", "full")``.
+
+    Examples:
+        >>> check_scale("book")
+        'book'
     """
     return check_choice(scale, "scale", SCALES)
 
 
 #: The range of seeds that seed_everything accepts, that of ``torch.manual_seed``.
 SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def _seed_arg(seed) -> int:
+    seed = check_int(seed, "seed", minimum=None)
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ValueError(f"seed must be an int in [-2**63, 2**64 - 1] (the range of torch.manual_seed); got {seed}")
+    return seed
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -87,19 +130,98 @@ def seed_everything(seed: int) -> torch.Generator:
         ValueError: ``seed`` outside :data:`SEED_RANGE`; it is refused rather than reduced, so
             that two different seeds never give the same stream silently.
 
-    Example:
+    Examples:
         >>> a = torch.rand(3, generator=seed_everything(0))
         >>> b = torch.rand(3, generator=seed_everything(0))
         >>> bool(torch.equal(a, b))
         True
     """
-    seed = check_int(seed, "seed", minimum=None)
-    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise ValueError(f"seed must be an int in [-2**63, 2**64 - 1] (the range of torch.manual_seed); got {seed}")
+    seed = _seed_arg(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
+
+
+def random_qkv(shape, *, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu"):
+    """Queries, keys and values with independent standard normal entries, the same on every device.
+
+    The three tensors are drawn on the CPU, in that order, from one generator seeded with ``seed``,
+    then moved to ``device``: a notebook run on a GPU checks the same numbers as on a CPU.
+
+    Args:
+        shape: the shape of each tensor, e.g. ``(batch, heads, n, d)``.
+        seed: an int in :data:`SEED_RANGE`.
+        dtype: a floating ``torch.dtype`` (the numbers are drawn in it).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"`` or a ``torch.device``.
+
+    Returns:
+        ``(q, k, v)``, three tensors of ``shape``.
+
+    Raises:
+        TypeError: ``shape`` not a sequence of ints, ``seed`` not an int, ``dtype`` not a floating
+            ``torch.dtype``, ``device`` of another kind.
+        ValueError: a negative size, ``seed`` outside :data:`SEED_RANGE`, a device this machine does
+            not have.
+
+    Examples:
+        >>> q, k, v = random_qkv((2, 4, 8), seed=1, dtype=torch.float64)
+        >>> q.shape, k.dtype
+        (torch.Size([2, 4, 8]), torch.float64)
+        >>> again = random_qkv((2, 4, 8), seed=1, dtype=torch.float64)
+        >>> bool(torch.equal(q, again[0]))
+        True
+    """
+    if not isinstance(shape, (tuple, list, torch.Size)):
+        raise TypeError(f"shape must be a tuple of ints such as (batch, heads, n, d); got {type(shape).__name__}")
+    shape = tuple(check_int(size, f"shape[{i}]", minimum=0) for i, size in enumerate(shape))
+    seed = _seed_arg(seed)
+    dtype = check_float_dtype(dtype)
+    device = check_device(device, "device", auto=True)
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(shape, generator=generator, dtype=dtype).to(device) for _ in range(3))
+
+
+def max_error(actual, expected) -> float:
+    """The largest entrywise difference ``max |actual - expected|``, as a Python float.
+
+    What a notebook prints when it checks one computation against another.  Entries that are equal
+    count 0, infinities included (a masked ``-inf`` against a masked ``-inf``); a NaN in either
+    tensor gives ``nan``, so that a check ``max_error(a, b) < tol`` fails.  Two floating dtypes are
+    compared in the wider one.
+
+    Args:
+        actual, expected: floating tensors (or numbers, or nested lists of them) whose shapes
+            broadcast, on one device.
+
+    Returns:
+        The largest difference; ``0.0`` when there is nothing to compare (an empty broadcast shape).
+
+    Raises:
+        TypeError: an argument that is not a floating tensor or a number.
+        ValueError: shapes that do not broadcast; tensors on different devices.
+
+    Examples:
+        >>> inf = float("inf")
+        >>> a, b = torch.tensor([1.0, 2.0, -inf]), torch.tensor([1.0, 2.5, -inf])
+        >>> max_error(a, b)
+        0.5
+        >>> p = torch.softmax(torch.tensor([0.1, 0.7]), dim=-1)
+        >>> reference = torch.tensor([0.1, 0.7], dtype=torch.float64).softmax(-1)
+        >>> max_error(p, reference) < 1e-7
+        True
+    """
+    a = as_float_tensor(actual, "actual")
+    b = as_float_tensor(expected, "expected", like=a)
+    check_same_device(b, "expected", a, "actual")
+    shape = broadcast_shapes(actual=a.shape, expected=b.shape)
+    if math.prod(shape) == 0:
+        return 0.0
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    a, b = a.detach().to(dtype), b.detach().to(dtype)
+    difference = torch.where(a == b, torch.zeros((), dtype=dtype, device=a.device), (a - b).abs())
+    return difference.max().item()
+
 
 
 def _plain(value):
@@ -140,6 +262,14 @@ def record(name: str, **numbers) -> Path:
             keyword); nothing is written then.
         ValueError: an empty ``name`` or one with a path separator; an existing results file that
             is not valid JSON.
+
+    Examples:
+        >>> import tempfile
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {RESULTS_ENV: tempfile.mkdtemp()}):
+        ...     path = record("demo", error=2.5e-16, sizes=torch.tensor([4, 16]))
+        >>> json.loads(path.read_text())
+        {'error': 2.5e-16, 'sizes': [4, 16]}
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a string (a plain file stem such as the notebook's name); got {type(name).__name__}")
@@ -183,6 +313,17 @@ def save_figure(fig, name: str):
     Raises:
         TypeError: ``fig`` is not a Matplotlib figure.
         ValueError: ``name`` is not a plain file stem.
+
+    Examples:
+        Outside the book's build (no ``$ATTNOPT_FIGURES_DIR``) nothing is written:
+
+        >>> import matplotlib.pyplot as plt
+        >>> from unittest import mock
+        >>> fig = plt.figure()
+        >>> with mock.patch.dict(os.environ, {FIGURES_ENV: ""}):
+        ...     print(save_figure(fig, "ch0-demo"))
+        None
+        >>> plt.close(fig)
     """
     from matplotlib.figure import Figure
 
@@ -229,7 +370,7 @@ def markdown_table(rows, columns=None, *, digits: int = 3):
         TypeError: rows that are neither dicts nor sequences, ``digits`` not an int.
         ValueError: sequence rows without ``columns``, or of another length.
 
-    Example:
+    Examples:
         >>> rows = [{"n": 4, "ratio": 2.4817}, {"n": 16, "ratio": 3.8}]
         >>> print(markdown_table(rows).data)
         | n | ratio |

@@ -1,6 +1,6 @@
-r"""The backward pass of softmax attention as a policy gradient, and its information geometry.
+r"""The backward pass of softmax attention as a policy gradient, and its information geometry (chapter 3).
 
-Seed 003 (the one-sided EOT paper's summary) reads the scores :math:`s` as the natural parameters
+Litman (2025) reads the scores :math:`s` as the natural parameters
 of the policy :math:`p = \operatorname{softmax}(s/\tau)` and an upstream signal :math:`u` (a reward,
 or the gradient :math:`\partial\ell/\partial p` that backpropagation delivers) as the return of
 each key.  With :math:`L(s) = \mathbb E_{p}[u] = \langle p, u\rangle`, in advantage form (the
@@ -17,6 +17,13 @@ baseline :math:`\mathbb E_p[u]` removes variance):
 where :math:`\Phi` is the log-sum-exp potential (the convex conjugate of the entropic regularizer,
 i.e. the dual of the forward problem) and :math:`F(p)` the Fisher information of the categorical
 distribution in its natural parameters.  Everything is batched over leading dimensions.
+
+References:
+    Litman (2025), *Scaled-Dot-Product Attention as One-Sided Entropic Optimal Transport*,
+    arXiv:2508.08369, its backward-pass and information-geometry results (stated by content: we do
+    not cite its numbering).  Williams (1992), *Simple Statistical Gradient-Following Algorithms for
+    Connectionist Reinforcement Learning* (REINFORCE, with a baseline).  Amari (1998),
+    *Natural Gradient Works Efficiently in Learning*.
 """
 
 from __future__ import annotations
@@ -86,7 +93,7 @@ def advantage_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, 
         \frac{\partial}{\partial s_j}\,\mathbb E_{p}[u] = \frac{1}{\tau}\,p_j\big(u_j-\mathbb E_p[u]\big),
         \qquad p=\operatorname{softmax}(s/\tau),
 
-    the advantage-based policy gradient of seed 003.  Sign convention: this is the *ascent*
+    the advantage-based policy gradient of Litman (2025).  Sign convention: this is the *ascent*
     direction for :math:`L=\mathbb E_p[u]`.  In backpropagation through softmax with loss
     :math:`\ell`, put :math:`u = \partial\ell/\partial p` and the result is :math:`\partial\ell/\partial s`
     (a descent step subtracts it).
@@ -106,6 +113,17 @@ def advantage_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, 
             range; tensors on different devices; a gradient beyond the dtype's range (a tiny
             ``tau``).
         TypeError: non-float or mixed-dtype tensors, ``tau`` not a real number, ``dim`` not an int.
+
+    Examples:
+        All of the reward on the first of three keys:
+
+        >>> p, u = torch.tensor([0.5, 0.25, 0.25]), torch.tensor([1.0, 0.0, 0.0])
+        >>> advantage_gradient(p, u)
+        tensor([ 0.2500, -0.1250, -0.1250])
+
+    References:
+        Litman (2025), *Scaled-Dot-Product Attention as One-Sided Entropic Optimal Transport*, the
+        backward-pass theorem.
     """
     p, u, d = _policy_and_reward(p, reward, dim)
     tau = check_positive(tau, "tau")
@@ -130,7 +148,7 @@ def natural_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, di
 
     up to the direction :math:`\mathbf 1` that does not move :math:`p` (we return the
     representative centred under :math:`p`): the advantage itself, unweighted by :math:`p` (the
-    "geometry dictates the gradient" reading of seed 003).
+    "geometry dictates the gradient" reading of Litman (2025)).
 
     Args:
         p, reward, tau, dim: as in :func:`advantage_gradient`.
@@ -140,6 +158,17 @@ def natural_gradient(p: torch.Tensor, reward: torch.Tensor, tau: float = 1.0, di
 
     Raises:
         ValueError, TypeError: as :func:`advantage_gradient` (the result overflows for a large ``tau``).
+
+    Examples:
+        The advantage itself, not weighted by :math:`p`:
+
+        >>> p, u = torch.tensor([0.5, 0.25, 0.25]), torch.tensor([1.0, 0.0, 0.0])
+        >>> natural_gradient(p, u)
+        tensor([ 0.5000, -0.5000, -0.5000])
+
+    References:
+        Litman (2025), *Scaled-Dot-Product Attention as One-Sided Entropic Optimal Transport*, the
+        information-geometry result.  Amari (1998), *Natural Gradient Works Efficiently in Learning*.
     """
     p, u, d = _policy_and_reward(p, reward, dim)
     tau = check_positive(tau, "tau")
@@ -158,7 +187,7 @@ def fisher_information(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
         F(p) = \mathbb E_{j\sim p}\big[(e_j-p)(e_j-p)^\top\big] = \mathrm{diag}(p) - p p^\top ,
 
-    the matrix seed 003 identifies with the Hessian of the log-sum-exp potential (times
+    the matrix Litman (2025) identifies with the Hessian of the log-sum-exp potential (times
     :math:`\tau`) and with the softmax Jacobian (times :math:`1/\tau`).
 
     Args:
@@ -167,6 +196,23 @@ def fisher_information(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Returns:
         ``(..., n, n)``, where ``...`` are the other dimensions of ``p``.
+
+    Raises:
+        ValueError: ``p`` negative, NaN or not summing to one along ``dim``; ``dim`` out of range.
+        TypeError: ``p`` not floating, ``dim`` not an int.
+
+    Examples:
+        It is the Jacobian of softmax (here at :math:`\tau=1`):
+
+        >>> s = torch.tensor([0.3, -1.0, 2.0])
+        >>> softmax = lambda x: torch.softmax(x, dim=-1)
+        >>> jacobian = torch.autograd.functional.jacobian(softmax, s)
+        >>> torch.allclose(fisher_information(torch.softmax(s, -1)), jacobian)
+        True
+
+    References:
+        Litman (2025), *Scaled-Dot-Product Attention as One-Sided Entropic Optimal Transport*, the
+        Hessian-Fisher identity.  Amari (1998), *Natural Gradient Works Efficiently in Learning*.
     """
     p = as_float_tensor(p, "p", min_ndim=1)
     d = check_dim(dim, p.ndim)
@@ -185,7 +231,7 @@ def log_sum_exp_potential(scores: torch.Tensor, tau: float = 1.0, dim: int = -1)
         \nabla\Phi(s) = \operatorname{softmax}(s/\tau), \qquad
         \nabla^2\Phi(s) = \tfrac1\tau\big(\mathrm{diag}(p)-pp^\top\big),
 
-    the dual representation of the forward problem in seed 003 (the value of the one-sided EOT
+    the dual representation of the forward problem in Litman (2025) (the value of the one-sided EOT
     problem with the sign flipped).  A row of all ``-inf`` scores gives :math:`-\infty`.
 
     Args:
@@ -205,6 +251,17 @@ def log_sum_exp_potential(scores: torch.Tensor, tau: float = 1.0, dim: int = -1)
         ValueError: NaN or ``+inf`` scores, ``tau`` not a finite number > 0, ``dim`` out of range,
             a value beyond the dtype's range (a row within :math:`\tau\log n` of the largest float).
         TypeError: ``scores`` not floating, ``tau`` not a real number, ``dim`` not an int.
+
+    Examples:
+        :math:`\Phi` tends to the largest score as :math:`\tau\to0`:
+
+        >>> s = torch.tensor([1.0, 3.0])
+        >>> log_sum_exp_potential(s), log_sum_exp_potential(s, tau=0.01)
+        (tensor(3.1269), tensor(3.))
+
+    References:
+        Litman (2025), *Scaled-Dot-Product Attention as One-Sided Entropic Optimal Transport*, the
+        dual (log-sum-exp) representation of the forward problem.
     """
     x = as_float_tensor(scores, "scores", min_ndim=1)
     d = check_dim(dim, x.ndim)
@@ -246,7 +303,7 @@ def reinforce_estimate(
         j_k\sim p,\qquad b = \mathbb E_p[u] \text{ (baseline) or } 0 ,
 
     using :math:`\nabla_s\log p_j = (e_j-p)/\tau`.  Both choices of :math:`b` are unbiased; the
-    baseline is the variance reduction that seed 003 says backpropagation performs exactly.
+    baseline is the variance reduction that Litman (2025) says backpropagation performs exactly.
 
     Args:
         p: ``(..., n)`` probabilities (last dimension).
@@ -266,6 +323,20 @@ def reinforce_estimate(
             (``n = 0``, nothing to sample) in a non-empty batch.
         TypeError: as :func:`advantage_gradient`; ``n_samples`` not an int, ``baseline`` or
             ``reduce`` not a bool, ``generator`` not a ``torch.Generator``.
+
+    Examples:
+        Averaged over many samples, the estimate is the exact gradient:
+
+        >>> p, u = torch.tensor([0.5, 0.25, 0.25]), torch.tensor([1.0, 0.0, 0.0])
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> g = reinforce_estimate(p, u, n_samples=100_000, generator=gen)
+        >>> torch.allclose(g, advantage_gradient(p, u), atol=0.01)
+        True
+
+    References:
+        Williams (1992), *Simple Statistical Gradient-Following Algorithms for Connectionist
+        Reinforcement Learning* (REINFORCE, with a baseline).  Litman (2025), the backward-pass
+        theorem.
     """
     p, u, d = _policy_and_reward(p, reward, -1)
     tau = check_positive(tau, "tau")

@@ -3,6 +3,10 @@
 Figures are drawn on an opaque white canvas with dark ink and a colour-blind-safe palette
 (Okabe & Ito), so they stay legible when the book is read in its dark theme: the theme shows
 images as they are, and a transparent figure with black text would vanish on a dark page.
+
+References:
+    Okabe and Ito (2008), *Color Universal Design (CUD): How to Make Figures and Presentations That
+    Are Friendly to Colorblind People* (the palette).
 """
 
 from __future__ import annotations
@@ -58,7 +62,14 @@ _STYLE = {
 
 
 def use_book_style() -> None:
-    """Apply the book's Matplotlib style (white canvas, palette, sizes) to the current session."""
+    """Apply the book's Matplotlib style (white canvas, palette, sizes) to the current session.
+
+    Examples:
+        >>> use_book_style()
+        >>> import matplotlib as mpl
+        >>> mpl.rcParams["figure.facecolor"], mpl.rcParams["font.size"]
+        ('white', 10.0)
+    """
     mpl.rcParams.update(_STYLE)
     # Jupyter's inline backend draws its own figure background; make it the same opaque white.
     try:  # pragma: no cover - only inside IPython
@@ -90,8 +101,28 @@ def attention_heatmap(
 
     Rows are queries, columns keys; masked (zero) weights show as the colormap's floor.
 
+    Args:
+        weights: the matrix, a tensor or an array.
+        ax: the axes to draw on (default: a new figure sized to the matrix).
+        row_labels, col_labels: tick labels of the queries and keys.
+        title: the axes' title.
+        annotate: write each weight in its cell.
+        colorbar: draw a colour bar labelled "weight".
+        vmax: the weight drawn in the brightest colour (default: the largest weight).
+
+    Returns:
+        The axes.
+
     Raises:
         ValueError: ``weights`` not a non-empty 2-D matrix of finite numbers, ``vmax <= 0``.
+
+    Examples:
+        >>> import matplotlib.pyplot as plt
+        >>> weights = torch.softmax(torch.randn(3, 5), dim=-1)
+        >>> ax = attention_heatmap(weights, title="weights")
+        >>> ax.get_xlabel(), ax.get_ylabel()
+        ('key $j$', 'query $i$')
+        >>> plt.close(ax.figure)
     """
     w = _numpy(weights)
     if w.ndim != 2 or w.size == 0:
@@ -122,11 +153,27 @@ def attention_heatmap(
 
 
 def small_multiples(n: int, ncols: int = 3, *, panel_size: tuple[float, float] = (3.0, 2.6), **kwargs):
-    """A grid of ``n`` panels (``ncols`` wide); unused panels are hidden. Returns ``(fig, axes_flat)``.
+    """A grid of ``n`` panels (``ncols`` wide), for small multiples; unused panels are hidden.
+
+    Args:
+        n: the number of panels.
+        ncols: panels per row (at most ``n``).
+        panel_size: width and height of one panel, in inches.
+        **kwargs: passed to :func:`matplotlib.pyplot.subplots` (e.g. ``sharey=True``).
+
+    Returns:
+        ``(fig, axes)``: the figure and a flat array of the ``n`` visible axes.
 
     Raises:
         TypeError: ``n`` or ``ncols`` not an int.
         ValueError: ``n`` or ``ncols`` below 1.
+
+    Examples:
+        >>> import matplotlib.pyplot as plt
+        >>> fig, axes = small_multiples(4, ncols=3)
+        >>> len(axes), fig.get_size_inches().tolist()
+        (4, [9.0, 5.2])
+        >>> plt.close(fig)
     """
     n = check_int(n, "n")
     ncols = check_int(ncols, "ncols")

@@ -110,13 +110,16 @@ def test_dark_mode_stylesheet_is_linked(soups):
     assert any("book.css" in link.get("href", "") for link in soups[page].find_all("link")), "book.css not linked"
 
 
-def test_api_reference_lists_every_public_module(html_dir):
+def test_api_reference_has_a_page_for_every_public_module(html_dir):
     import pkgutil
 
     import attnopt
 
-    text = (html_dir / "book" / "api.html").read_text(encoding="utf-8")
+    index = (html_dir / "book" / "api" / "index.html").read_text(encoding="utf-8")
     modules = [m.name for m in pkgutil.iter_modules(attnopt.__path__) if not m.name.startswith("_")]
     assert modules
     for name in modules:
-        assert f'id="module-attnopt.{name}"' in text, f"attnopt.{name} missing from the API reference"
+        page = html_dir / "book" / "api" / f"{name}.html"
+        assert page.is_file(), f"attnopt.{name} has no page in the API reference"
+        assert f'id="module-attnopt.{name}"' in page.read_text(encoding="utf-8"), f"{page.name} does not document attnopt.{name}"
+        assert f'href="{name}.html"' in index, f"the API reference's index does not link to attnopt.{name}"

@@ -1,4 +1,4 @@
-"""Bad and edge inputs of attnopt.fenchel, attnopt.kernels and attnopt.geometry.
+"""Bad and edge inputs of attnopt.fenchel, attnopt.kernels, attnopt.regularity and attnopt.geometry.
 
 Written from the contract (the docstrings and CONTRIBUTING): a bad argument raises TypeError (types,
 dtypes) or ValueError (values, shapes, devices) whose message names the user's argument; an edge
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from attnopt import fenchel as F
 from attnopt import geometry as G
 from attnopt import kernels as K
+from attnopt import regularity as R
 from host_reads import host_reads
 
 F64 = torch.float64
@@ -44,7 +45,7 @@ U = simplex(5, seed=3)
 M = torch.cdist(T, T)
 Q, KEYS, V = rand(4, 3, seed=4), rand(6, 3, seed=5), rand(6, 2, seed=6)
 P = simplex(3, 4, seed=7)
-R = rand(3, 4, seed=8)
+REWARD = rand(3, 4, seed=8)
 PTS = rand(6, 2, seed=9)
 
 
@@ -151,40 +152,40 @@ BAD = [
     (lambda: K.maximum_entropy_tilt(K.EmpiricalMeasure(PTS), PTS, torch.zeros(2, dtype=F64), max_iter=2.5),
      TypeError, "max_iter"),
     (lambda: K.maximum_entropy_tilt(K.EmpiricalMeasure(PTS), PTS, torch.zeros(2, dtype=F64), tol=-1.0), ValueError, "tol"),
-    (lambda: K.wasserstein1(PTS, PTS.float()), TypeError, "nu"),
-    (lambda: K.wasserstein1(PTS, PTS, method=1), TypeError, "method"),
-    (lambda: K.wasserstein1(PTS, PTS, return_plan=1), TypeError, "return_plan"),
-    (lambda: K.wasserstein1(rand(2, 6, 2), rand(3, 6, 2)), ValueError, "nu"),
-    (lambda: K.contraction_bound(lip_first=1.0, lip_second=1.0, epsilon=0.5, diameter=1.0, dim=2.0, sup=1.0),
+    (lambda: R.wasserstein1(PTS, PTS.float()), TypeError, "nu"),
+    (lambda: R.wasserstein1(PTS, PTS, method=1), TypeError, "method"),
+    (lambda: R.wasserstein1(PTS, PTS, return_plan=1), TypeError, "return_plan"),
+    (lambda: R.wasserstein1(rand(2, 6, 2), rand(3, 6, 2)), ValueError, "nu"),
+    (lambda: R.contraction_bound(lip_first=1.0, lip_second=1.0, epsilon=0.5, diameter=1.0, dim=2.0, sup=1.0),
      TypeError, "dim"),
-    (lambda: K.contraction_bound(lip_first=NAN, lip_second=1.0, epsilon=0.5, diameter=1.0, dim=2, sup=1.0),
+    (lambda: R.contraction_bound(lip_first=NAN, lip_second=1.0, epsilon=0.5, diameter=1.0, dim=2, sup=1.0),
      ValueError, "lip_first"),
-    (lambda: K.contraction_bound(lip_first=1.0, lip_second=1.0, epsilon=0.5, diameter=1.0, dim=2, sup=1.0,
+    (lambda: R.contraction_bound(lip_first=1.0, lip_second=1.0, epsilon=0.5, diameter=1.0, dim=2, sup=1.0,
                                  as_printed="no"), TypeError, "as_printed"),
-    (lambda: K.contraction_bound(lip_first=1e300, lip_second=1.0, epsilon=1e-300, diameter=1e10, dim=2, sup=1.0),
+    (lambda: R.contraction_bound(lip_first=1e300, lip_second=1.0, epsilon=1e-300, diameter=1e10, dim=2, sup=1.0),
      ValueError, "contraction_bound"),
-    (lambda: K.dot_product_potential_constants(radius=100.0, dim=4), ValueError, "radius"),
-    (lambda: K.gaussian_potential_constants(radius=100.0, dim=4), ValueError, "radius"),
-    (lambda: K.gaussian_potential_bound(dim=2, n=True), TypeError, "n"),
-    (lambda: K.lipschitz_bound(lip_first=1.0, epsilon=0.0, diameter=1.0, dim=2), ValueError, "epsilon"),
-    (lambda: K.lipschitz_ratio(3, Q, Q), TypeError, "fn"),
-    (lambda: K.lipschitz_ratio(lambda q: q * NAN, Q, Q + 1), ValueError, "fn(q1)"),
-    (lambda: K.contraction_ratio(PTS, PTS.float()), TypeError, "y"),
+    (lambda: R.dot_product_potential_constants(radius=100.0, dim=4), ValueError, "radius"),
+    (lambda: R.gaussian_potential_constants(radius=100.0, dim=4), ValueError, "radius"),
+    (lambda: R.gaussian_potential_bound(dim=2, n=True), TypeError, "n"),
+    (lambda: R.lipschitz_bound(lip_first=1.0, epsilon=0.0, diameter=1.0, dim=2), ValueError, "epsilon"),
+    (lambda: R.lipschitz_ratio(3, Q, Q), TypeError, "fn"),
+    (lambda: R.lipschitz_ratio(lambda q: q * NAN, Q, Q + 1), ValueError, "fn(q1)"),
+    (lambda: R.contraction_ratio(PTS, PTS.float()), TypeError, "y"),
     # --- geometry
-    (lambda: G.advantage_gradient(P, R.float()), TypeError, "reward"),
-    (lambda: G.advantage_gradient(P, R[:, :3]), ValueError, "reward"),
-    (lambda: G.advantage_gradient(P, R, tau=True), TypeError, "tau"),
-    (lambda: G.advantage_gradient(P, R, dim=1.0), TypeError, "dim"),
-    (lambda: G.advantage_gradient(P, R * INF), ValueError, "reward"),
-    (lambda: G.advantage_gradient(P.float(), R.float(), tau=1e-50), ValueError, "tau"),
-    (lambda: G.natural_gradient(P * NAN, R), ValueError, "p"),
+    (lambda: G.advantage_gradient(P, REWARD.float()), TypeError, "reward"),
+    (lambda: G.advantage_gradient(P, REWARD[:, :3]), ValueError, "reward"),
+    (lambda: G.advantage_gradient(P, REWARD, tau=True), TypeError, "tau"),
+    (lambda: G.advantage_gradient(P, REWARD, dim=1.0), TypeError, "dim"),
+    (lambda: G.advantage_gradient(P, REWARD * INF), ValueError, "reward"),
+    (lambda: G.advantage_gradient(P.float(), REWARD.float(), tau=1e-50), ValueError, "tau"),
+    (lambda: G.natural_gradient(P * NAN, REWARD), ValueError, "p"),
     (lambda: G.fisher_information(torch.ones(3, 4, dtype=torch.long)), TypeError, "p"),
     (lambda: G.fisher_information(2 * P), ValueError, "p"),
     (lambda: G.log_sum_exp_potential(torch.tensor([0.0, INF])), ValueError, "scores"),
-    (lambda: G.log_sum_exp_potential(R, tau=0.0), ValueError, "tau"),
-    (lambda: G.reinforce_estimate(P, R, n_samples=2.0), TypeError, "n_samples"),
-    (lambda: G.reinforce_estimate(P, R, baseline="yes"), TypeError, "baseline"),
-    (lambda: G.reinforce_estimate(P, R, generator=0), TypeError, "generator"),
+    (lambda: G.log_sum_exp_potential(REWARD, tau=0.0), ValueError, "tau"),
+    (lambda: G.reinforce_estimate(P, REWARD, n_samples=2.0), TypeError, "n_samples"),
+    (lambda: G.reinforce_estimate(P, REWARD, baseline="yes"), TypeError, "baseline"),
+    (lambda: G.reinforce_estimate(P, REWARD, generator=0), TypeError, "generator"),
     (lambda: G.reinforce_estimate(torch.zeros(3, 0, dtype=F64), torch.zeros(3, 0, dtype=F64)), ValueError, "p"),
 ]
 
@@ -211,8 +212,8 @@ def test_no_query_or_no_batch_gives_empty_results():
     assert K.softmatch_kernel(torch.zeros(0, 3, dtype=F64), KEYS).shape == (0, 6)
     out, ker = K.attention_kernel(torch.zeros(0, 3, dtype=F64), KEYS, V)
     assert out.shape == (0, 2) and ker.shape == (0, 6)
-    assert K.wasserstein1(torch.zeros(0, 4, 2, dtype=F64), torch.zeros(0, 5, 2, dtype=F64)).shape == (0,)
-    value, plan = K.wasserstein1(torch.zeros(0, 4, 2, dtype=F64), torch.zeros(0, 5, 2, dtype=F64), return_plan=True)
+    assert R.wasserstein1(torch.zeros(0, 4, 2, dtype=F64), torch.zeros(0, 5, 2, dtype=F64)).shape == (0,)
+    value, plan = R.wasserstein1(torch.zeros(0, 4, 2, dtype=F64), torch.zeros(0, 5, 2, dtype=F64), return_plan=True)
     assert value.shape == (0,) and plan.shape == (0, 4, 5)
     flow = K.self_attention_flow(torch.zeros(2, 0, 3, dtype=F64), 3)  # no particle: nothing moves
     assert flow.shape == (4, 2, 0, 3)
@@ -244,7 +245,7 @@ def test_meta_tensors_give_shapes_without_values():
     assert K.boltzmann_gibbs(nu, torch.empty(6, **meta)).weights.shape == (6,)
     tilt, lam = K.maximum_entropy_tilt(nu, torch.empty(6, 2, **meta), torch.empty(2, **meta))
     assert tilt.weights.shape == (6,) and lam.shape == (2,)
-    assert K.wasserstein1(torch.empty(3, 4, 2, **meta), torch.empty(3, 5, 2, **meta)).shape == (3,)
+    assert R.wasserstein1(torch.empty(3, 4, 2, **meta), torch.empty(3, 5, 2, **meta)).shape == (3,)
     assert G.log_sum_exp_potential(torch.empty(3, 4, **meta)).shape == (3,)
 
 
@@ -258,7 +259,7 @@ def test_zero_covariance_gives_the_prior_mean_and_psd_covariance_is_accepted():
 
 
 def test_contraction_ratio_of_equal_measures_is_nan_as_documented():
-    assert torch.isnan(K.contraction_ratio(PTS, PTS))
+    assert torch.isnan(R.contraction_ratio(PTS, PTS))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -291,10 +292,10 @@ FORWARD = {
     "boltzmann_gibbs_log": lambda: K.boltzmann_gibbs(K.EmpiricalMeasure(rand(6, 3)), log_potential=rand(2, 6)),
     "lookup_and_moment": lambda: K.moment_projection(K.lookup_kernel(K.EmpiricalMeasure(rand(6, 3)), rand(6, 2))),
     "self_attention_flow": lambda: K.self_attention_flow(rand(2, 6, 3), 2, residual=True),
-    "advantage_gradient": lambda: G.advantage_gradient(P, R, 0.5),
-    "natural_gradient": lambda: G.natural_gradient(P, R, 0.5),
+    "advantage_gradient": lambda: G.advantage_gradient(P, REWARD, 0.5),
+    "natural_gradient": lambda: G.natural_gradient(P, REWARD, 0.5),
     "fisher_information": lambda: G.fisher_information(P),
-    "log_sum_exp_potential": lambda: G.log_sum_exp_potential(R, 0.5),
+    "log_sum_exp_potential": lambda: G.log_sum_exp_potential(REWARD, 0.5),
 }
 
 

@@ -21,8 +21,10 @@ from attnopt import fenchel as F
 from attnopt import geometry as G
 from attnopt import kernels as K
 from attnopt import mixture as M
+from attnopt import regularity as R
 from attnopt import transforms as T
 from attnopt import vqa
+from attnopt._transforms_sinkhorn import sinkhorn_plan
 from hot_paths import forward_backward, hot_paths
 
 DEVICE = os.environ.get("ATTNOPT_PARITY_DEVICE", "cuda")
@@ -103,8 +105,8 @@ def test_kernels_parity():
     on_both(lambda q, k, v, w: K.attention_kernel(q, k, v, key_weights=w), q, k, v, w)
     on_both(lambda q, k, v: K.gaussian_potential_attention(q, k, v, scale=0.8), q, k, v)
     on_both(lambda x: K.self_attention_flow(x, 3, residual=True, step_size=0.5), rand(2, 6, 3, seed=15))
-    on_both(lambda x, y: K.wasserstein1(x, y), rand(8, 1, seed=16), rand(8, 1, seed=17), grad=False, atol=1e-12)
-    on_both(lambda x, y: K.lipschitz_ratio(lambda z: K.attention_kernel(z, k.to(z.device), v.to(z.device))[0], x, y),
+    on_both(lambda x, y: R.wasserstein1(x, y), rand(8, 1, seed=16), rand(8, 1, seed=17), grad=False, atol=1e-12)
+    on_both(lambda x, y: R.lipschitz_ratio(lambda z: K.attention_kernel(z, k.to(z.device), v.to(z.device))[0], x, y),
             rand(10, 4, seed=18), rand(10, 4, seed=19), grad=False)
     nu = K.EmpiricalMeasure(rand(9, 2, seed=20), torch.full((9,), 1 / 9, dtype=F64))
 
@@ -157,7 +159,7 @@ def test_sinkhorn_iterations_never_synchronise():
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        T._sinkhorn_plan(M, a, a.clone(), 25, 5)
+        sinkhorn_plan(M, a, a.clone(), 25, 5)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

@@ -1,0 +1,16 @@
+"""Small numerical helpers shared by several modules of :mod:`attnopt`."""
+
+from __future__ import annotations
+
+import torch
+
+
+def log_or_neg_inf(x: torch.Tensor) -> torch.Tensor:
+    """``log x`` with ``log 0 = -inf`` and no NaN gradient at the zeros (a zero weight masks its entry).
+
+    The logarithm is taken of 1 where ``x`` is 0, and ``-inf`` is put there by ``where``: so no
+    ``0 * inf`` reaches the gradient.
+    """
+    positive = x > 0
+    safe = torch.where(positive, x, torch.ones_like(x))
+    return torch.where(positive, torch.log(safe), torch.full_like(x, float("-inf")))
