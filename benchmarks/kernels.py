@@ -16,7 +16,8 @@ import ot
 import torch
 from torch.utils.benchmark import Timer
 
-from attnopt.kernels import EmpiricalMeasure, attention_kernel, lipschitz_ratio, wasserstein1
+from attnopt.kernels import EmpiricalMeasure, attention_kernel
+from attnopt.regularity import lipschitz_ratio, wasserstein1
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # POT is single-threaded; one thread also avoids OpenMP contention on a shared CPU

@@ -75,22 +75,6 @@ __all__ = [
     "softmatch_kernel",
 ]
 
-# Chapter 2's regularity results moved to attnopt.regularity.  Notebooks written before the move
-# still import them from here: switch them to attnopt.regularity, then delete this and __getattr__.
-_MOVED_TO_REGULARITY = frozenset({
-    "contraction_bound", "contraction_ratio", "dot_product_potential_constants", "gaussian_potential_bound",
-    "gaussian_potential_constants", "lipschitz_bound", "lipschitz_ratio", "neighbourhood_bound", "wasserstein1",
-})
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_REGULARITY:
-        from . import regularity
-
-        return getattr(regularity, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # -------- empirical measures ----------------------------------------------------------------
 
 

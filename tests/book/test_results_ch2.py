@@ -125,6 +125,37 @@ def test_ch2_regularity(results):
     for n_, ratio, bracket in zip(r["prop28_N"], r["prop28_ratio"], r["prop28_bracket"]):
         assert (ratio > bracket) == (n_ >= 10), n_
 
+    # The steps of the proof, checked. "The searches land on the maximum with equal z_i (to about
+    # 1e-9), well under the bound of Lemma 40, and the largest weighted gap they find stays below kappa_d"
+    assert 1 - 1e-8 <= r["lemma40_found_over_equal"] <= 1 + 1e-9
+    assert r["lemma40_equal_over_bound"] < 1
+    assert r["weighted_gap_over_kappa"] <= 1
+    # "Every single-query ratio stays below N C_N, and at these configurations even below C_N"
+    assert r["single_query_over_corrected"] <= 1 and r["single_query_over_bracket"] < 1
+    # How fast must the constant grow? The d = 1 probe (applications page: "about 2.5, 3.9 and 5.1 for
+    # N = 4, 16, 64, below their constants 10.1, 10.9 and 11.6")
+    assert list(r["probe_N"]) == [4, 16, 64]
+    for got, quoted in zip(r["probe_rho"], (2.5, 3.9, 5.1)):
+        assert abs(got - quoted) < 0.05, (got, quoted)
+    for got, quoted in zip(r["probe_printed"], (10.1, 10.9, 11.6)):
+        assert abs(got - quoted) < 0.05, (got, quoted)
+    # "grows by about one unit per unit of ln N ... would meet the printed constant near ln N = 14"
+    assert 0.85 <= r["probe_slope"] <= 1.05
+    assert 13.5 <= r["probe_crossing_log_n"] <= 14.5
+    # Two clusters and a middle token: "the lower bound and the exact ratio agree closely ... from
+    # N = 1001 on they agree to 1%"; "the bound's slope in ln N approaches 2 (about 1.9 between
+    # N = 10^8 and N = 10^10)"; "it exceeds the printed constant from N = 13 185 tokens on"
+    for n_, bound, exact in zip(r["cluster_N"], r["cluster_bound"], r["cluster_exact"]):
+        assert exact >= bound * (1 - 1e-6), n_
+        if n_ >= 1001:
+            assert exact <= 1.01 * bound, n_
+    n_, bound = r["cluster_N"], r["cluster_bound"]
+    slope = (bound[-1] - bound[-2]) / (math.log(n_[-1]) - math.log(n_[-2]))
+    assert abs(slope - 1.9) < 0.05 and slope < 2
+    assert r["cluster_first_n"] == 13185
+    for n_, exact, printed in zip(r["cluster_N"], r["cluster_exact"], r["cluster_printed"]):
+        assert (exact > printed) == (n_ > 13185), n_
+
     # Neighbourhoods (Prop. 25 there). "Every point lies under the corrected line"
     for key in ("1.0", "0.05"):
         assert r["prop25"][key]["max_over_corrected"] <= 1.0, key

@@ -30,6 +30,7 @@ import attnopt
 from attnopt import book
 from attnopt import fenchel as F
 from attnopt import kernels as K
+from attnopt import regularity as R
 from attnopt import pretrained
 from host_reads import host_reads
 from hot_paths import forward_backward, hot_paths
@@ -104,10 +105,10 @@ BAD = [
     (lambda: F.ot_exact_estimate(Z, TEMPLATES, cost=COST[:4, :4]), ValueError, "cost"),
     (lambda: F.ot_exact_estimate(Z, TEMPLATES), ValueError, "cost"),
     (lambda: F.ot_exact_estimate(Z, TEMPLATES, cost=COST, max_iter=0), ValueError, "max_iter"),
-    (lambda: K.neighbourhood_bound(lip_second=1.0, epsilon=-0.1, diameter=1.0, dim=2), ValueError, "epsilon"),
-    (lambda: K.neighbourhood_bound(lip_second=1.0, epsilon=0.1, diameter=float("nan"), dim=2), ValueError, "diameter"),
-    (lambda: K.neighbourhood_bound(lip_second=1.0, epsilon=0.1, diameter=1.0, dim=2.0), TypeError, "dim"),
-    (lambda: K.neighbourhood_bound(lip_second=1.0, epsilon=0.1, diameter=1.0, dim=2, as_printed="no"), TypeError, "as_printed"),
+    (lambda: R.neighbourhood_bound(lip_second=1.0, epsilon=-0.1, diameter=1.0, dim=2), ValueError, "epsilon"),
+    (lambda: R.neighbourhood_bound(lip_second=1.0, epsilon=0.1, diameter=float("nan"), dim=2), ValueError, "diameter"),
+    (lambda: R.neighbourhood_bound(lip_second=1.0, epsilon=0.1, diameter=1.0, dim=2.0), TypeError, "dim"),
+    (lambda: R.neighbourhood_bound(lip_second=1.0, epsilon=0.1, diameter=1.0, dim=2, as_printed="no"), TypeError, "as_printed"),
     (lambda: pretrained.load_minilm("nonsense"), ValueError, "device"),
     (lambda: pretrained.load_minilm(3), TypeError, "device"),
     (lambda: book.markdown_table([[1, 2]]), ValueError, "columns"),
