@@ -174,10 +174,11 @@ def preference_view(templates, u, z, alpha, *, alpha_grid=None, tol: float | Non
             broadcast; ``alpha``, ``tol`` or a grid point not > 0; tensors on different devices.
 
     Example:
-        >>> T = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], dtype=torch.float64)
+        >>> T = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]).double()
         >>> u = torch.full((3,), 1 / 3, dtype=torch.float64)
-        >>> view = preference_view(T, u, torch.tensor([1.0, 0.0], dtype=torch.float64), 0.1)
-        >>> bool(view.error < 0.1 * view.shift)  # small alpha: (18) is close to exact
+        >>> z = torch.tensor([1.0, 0.0], dtype=torch.float64)
+        >>> view = preference_view(T, u, z, 0.1)
+        >>> bool(view.error < 0.1 * view.shift)  # small alpha: (18) is close
         True
 
     References:
@@ -298,7 +299,7 @@ def particle_flow(x, temperature, depth: int, *, variant: str = "attention", res
             ``resolution`` not > 0, ``depth < 0``, an unknown ``variant``.
 
     Example:
-        >>> x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+        >>> x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]).double()
         >>> view = particle_flow(x, temperature=1000.0, depth=3)
         >>> view.clusters.tolist()  # a hot flow collapses the cloud at once
         [3, 1, 1, 1]
@@ -483,7 +484,8 @@ def image_value_function(image, n_per_axis: int = 14, *, penalty: float = 1e-3) 
             ``penalty`` not > 0.
 
     Example:
-        >>> values = image_value_function(torch.ones(3, 8, 8, dtype=torch.float64), 4)
+        >>> image = torch.ones(3, 8, 8, dtype=torch.float64)
+        >>> values = image_value_function(image, 4)
         >>> values.coefficients.shape, values.locations.shape
         (torch.Size([3, 16]), torch.Size([64, 2]))
 
@@ -567,11 +569,13 @@ def density_view(values: ImageValues, mu, covariance, family: str = "gaussian") 
             that do not match or broadcast, an unknown ``family``.
 
     Example:
-        >>> values = image_value_function(torch.ones(1, 16, 16, dtype=torch.float64), 6)
+        >>> image = torch.ones(1, 16, 16, dtype=torch.float64)
+        >>> values = image_value_function(image, 6)
         >>> mu = torch.tensor([0.5, 0.5], dtype=torch.float64)
-        >>> view = density_view(values, mu, 0.004 * torch.eye(2, dtype=torch.float64),
-        ...                     "truncated_paraboloid")
-        >>> round(view.mass.item(), 1), round(view.context.item(), 2)  # the image is all ones
+        >>> Sigma = 0.004 * torch.eye(2, dtype=torch.float64)
+        >>> view = density_view(values, mu, Sigma, "truncated_paraboloid")
+        >>> # the image is all ones: mass 1 and context 1
+        >>> round(view.mass.item(), 1), round(view.context.item(), 2)
         (1.0, 1.0)
 
     References:

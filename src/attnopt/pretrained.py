@@ -118,7 +118,8 @@ class AttentionInputs:
 
         >>> t = torch.eye(2).expand(1, 1, 1, 2, 2)
         >>> u = torch.tensor([1.0, 0.0]).expand(1, 1, 1, 2, 2)
-        >>> inputs = AttentionInputs(t, t, u, torch.ones(1, 2, dtype=torch.bool), u)
+        >>> mask = torch.ones(1, 2, dtype=torch.bool)
+        >>> inputs = AttentionInputs(t, t, u, mask, u)
         >>> inputs.weights().shape, inputs.query_mask().shape
         (torch.Size([1, 1, 1, 2, 2]), torch.Size([1, 1, 1, 2]))
 
@@ -150,7 +151,8 @@ class AttentionInputs:
         Example:
             >>> t = torch.eye(2).expand(1, 1, 1, 2, 2)
             >>> u = torch.tensor([1.0, 0.0]).expand(1, 1, 1, 2, 2)
-            >>> inputs = AttentionInputs(t, t, u, torch.ones(1, 2, dtype=torch.bool), u)
+            >>> mask = torch.ones(1, 2, dtype=torch.bool)
+            >>> inputs = AttentionInputs(t, t, u, mask, u)
             >>> inputs.weights()[0, 0, 0]  # all the weight where u is positive
             tensor([[1., 0.],
                     [1., 0.]])
@@ -208,7 +210,8 @@ def load_minilm(device="cpu"):
 
     Example:
         >>> model, tokenizer = load_minilm()
-        >>> model.config.num_hidden_layers, model.config.num_attention_heads, model.config.hidden_size
+        >>> config = model.config
+        >>> config.num_hidden_layers, config.num_attention_heads, config.hidden_size
         (6, 12, 384)
         >>> tokenizer.tokenize("Attention is all you need.")
         ['attention', 'is', 'all', 'you', 'need', '.']
@@ -397,9 +400,10 @@ def attention_inputs(model, tokenizer, sentences, *, targets=None, part="encoder
 
     Example:
         >>> model, tokenizer = load_minilm()
-        >>> inputs = attention_inputs(model, tokenizer, ["Short.", "A longer sentence."])
-        >>> inputs.mask.tolist()  # the first sentence is padded
-        [[True, True, True, True, False, False], [True, True, True, True, True, True]]
+        >>> batch = ["Short.", "A longer sentence."]
+        >>> inputs = attention_inputs(model, tokenizer, batch)
+        >>> inputs.mask.int().tolist()  # the first sentence is padded
+        [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]
         >>> gap = (inputs.weights() - inputs.probs)[inputs.query_mask()]
         >>> bool(gap.abs().max() < 1e-5)
         True

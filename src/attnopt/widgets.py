@@ -15,8 +15,9 @@ drawing, need only Matplotlib.
 Example (in a notebook; the last line shows the explorer)::
 
     from attnopt.widgets import regularizer_explorer
-    explorer = regularizer_explorer(torch.randn(12, dtype=torch.float64))
-    explorer.set(regularizer="sparsemax", tau=0.3)   # what a reader's slider does
+    scores = torch.randn(12, dtype=torch.float64)
+    explorer = regularizer_explorer(scores)
+    explorer.set(regularizer="sparsemax", tau=0.3)  # as a slider would
     explorer
 """
 
@@ -102,7 +103,8 @@ def progress(iterable=None, *, total: int | None = None, desc: str | None = None
         ModuleNotFoundError: ``tqdm`` is not installed (``pip install tqdm``).
 
     Example:
-        >>> [k * k for k in progress(range(4), desc="squares")]  # the bar itself goes to stderr
+        >>> # the bar itself goes to stderr
+        >>> [k * k for k in progress(range(4), desc="squares")]
         [0, 1, 4, 9]
     """
     if total is not None:
