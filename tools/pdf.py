@@ -74,6 +74,11 @@ def build_pdf(build_dir: Path, out: Path) -> list[tuple[str, int]]:
                     page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
                     page.evaluate("() => MathJax.startup.promise")
                 title = page.title().split(" — ")[0].strip()
+                # The theme prints its own header with the page title but without the chapter's
+                # number (the numbered heading is hidden in print): give it the number the
+                # bookmark and the HTML page have.
+                page.evaluate("(t) => { const h = document.querySelector('#jb-print-docs-body h1');"
+                              " if (h) h.textContent = t; }", title)
                 page.emulate_media(media="print")
                 pdf = page.pdf(format="A4", print_background=True,
                                margin={"top": "15mm", "bottom": "15mm", "left": "12mm", "right": "12mm"})

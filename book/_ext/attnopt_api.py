@@ -26,7 +26,12 @@ def public_modules(package: str) -> list[str]:
     )
 
 
+API_INDEX = "book/api/index"
+
+
 def check_every_module_has_a_page(app, env) -> None:
+    if API_INDEX not in env.found_docs:
+        return  # a book without the API reference (the strict-build tests build a few pages only)
     documented = set(env.get_domain("py").modules)
     for module in public_modules(PACKAGE):
         if module not in documented:
