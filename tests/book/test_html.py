@@ -123,3 +123,17 @@ def test_api_reference_has_a_page_for_every_public_module(html_dir):
         assert page.is_file(), f"attnopt.{name} has no page in the API reference"
         assert f'id="module-attnopt.{name}"' in page.read_text(encoding="utf-8"), f"{page.name} does not document attnopt.{name}"
         assert f'href="{name}.html"' in index, f"the API reference's index does not link to attnopt.{name}"
+
+
+def test_each_chapter_links_to_the_reference_pages_of_its_modules(html_dir):
+    """Issue #17: the API reference is grouped by chapter, and each chapter points to its pages."""
+    chapters = {
+        "ch1": ("fenchel", "pretrained"),
+        "ch2": ("kernels", "regularity"),
+        "ch3": ("transforms", "geometry"),
+        "ch4": ("continuous", "mixture", "vqa"),
+    }
+    for chapter, modules in chapters.items():
+        html = (html_dir / "book" / chapter / "index.html").read_text(encoding="utf-8")
+        for name in modules:
+            assert f'href="../api/{name}.html"' in html, f"{chapter}/index does not link to the page of attnopt.{name}"
