@@ -4,6 +4,11 @@ One test per notebook; each assert quotes the sentence of the rendered page it c
 """
 
 import math
+import re
+
+import numpy as np
+
+from page_solutions import run_solution
 
 
 def test_ch2_kernels_in_code(results):
@@ -182,3 +187,44 @@ def test_ch2_regularity(results):
     assert r["prop26_last_step"]["C: rotation lookup"] > 0.1
     # "Certifying a contraction needed a lookup with ||l||_Lip about 0.2"
     assert 0.15 <= r["prop26_lookup_lip"] <= 0.25
+
+
+def test_ch2_exercise_solutions():
+    """The solutions on book/ch2/exercises.md: their code runs and prints what the text says, and
+    the numbers they work out by hand are right."""
+    # ch2-ex-two-queries: "# tensor([[1.6358], [2.0000]])", "y_1 = (e+5)/(e+2) ~ 1.6358", "y_2 = 2 exactly"
+    printed = " ".join(run_solution(2, "ch2-ex-two-queries"))
+    assert re.findall(r"\d+\.\d+", printed) == ["1.6358", "2.0000"], printed
+    assert f"{(math.e + 5) / (math.e + 2):.4f}" == "1.6358"
+    # ch2-ex-w1: the linear program and POT both give "1.3333..., the coupling above"
+    lp, *coupling, emd = run_solution(2, "ch2-ex-w1")
+    assert abs(float(lp.split()[0]) - 4 / 3) < 1e-9 and abs(float(emd) - 4 / 3) < 1e-12
+    plan = np.array([float(x) for x in re.findall(r"[\d.]+", " ".join([lp.split(maxsplit=1)[1], *coupling]))])
+    assert np.allclose(plan, [1 / 3, 1 / 6, 0, 0, 1 / 6, 1 / 3], atol=1e-9), plan
+    # ch2-ex-not-lipschitz, part 1: "# 0.75, 1.5, 6.75, 25.5 on both sides"
+    rows = [[float(x) for x in line.split()] for line in run_solution(2, "ch2-ex-not-lipschitz")]
+    assert [m for m, _, _ in rows] == [1, 2, 5, 10]
+    for (_, fd, closed), quoted in zip(rows, (0.75, 1.5, 6.75, 25.5)):
+        assert closed == quoted and abs(fd - quoted) < 1e-6
+    # part 3: "numerically 1.124, 1.123, 1.000, 1.000 for M=1,2,5,10"
+    slope = [(1 + c + 2 * m * m * c) / (1 + c) ** 2 for m in (1, 2, 5, 10) for c in [math.exp(-m * m)]]
+    assert [f"{x:.3f}" for x in slope] == ["1.124", "1.123", "1.000", "1.000"]
+    # ch2-ex-contractive, part 3: "e^{0.4}(1+8*2*0.2) = 1.4918*4.2 ~ 6.266", "below 1 for c < 0.0798;
+    # with tau(Pi)=1, for c < 0.1596. Take c = 0.15: tau <= 0.94"
+    bound = math.exp(0.4) * (1 + 8 * 2 * 0.2)
+    assert f"{math.exp(0.4):.4f}" == "1.4918" and f"{bound:.3f}" == "6.266"
+    assert f"{1 / (2 * bound):.4f}" == "0.0798" and f"{1 / bound:.4f}" == "0.1596"
+    assert f"{0.15 * bound:.2f}" == "0.94"
+    # part 4: "the largest measured ratio over 2000 random pairs ... was about 0.154 for c=0.15 and 0.93
+    # for c=0.9, and after 30 layers the largest coordinate was about 4e-26 and 9e-3 ... the bound (5.6)"
+    (c1, worst1, last1), (c2, worst2, last2) = ([float(x) for x in line.split()]
+                                                for line in run_solution(2, "ch2-ex-contractive"))
+    assert (c1, c2) == (0.15, 0.9)
+    assert f"{worst1:.3f}" == "0.154" and f"{worst2:.2f}" == "0.93"
+    assert f"{last1:.0e}" == "4e-26" and f"{last2:.0e}" == "9e-03"
+    assert f"{0.9 * bound:.1f}" == "5.6"
+    # ch2-ex-printed-fails: "s < 0.2039... (the root of 4 s e^s = 1); for instance s = 0.1 gives 0.442"
+    root = 0.2
+    for _ in range(50):
+        root -= (4 * root * math.exp(root) - 1) / (4 * math.exp(root) * (1 + root))
+    assert f"{root:.4f}" == "0.2039" and f"{0.4 * math.exp(0.1):.3f}" == "0.442"

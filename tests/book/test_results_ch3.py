@@ -2,6 +2,9 @@
 numbers each notebook recorded.  Each assert quotes the sentence of the rendered page it checks."""
 
 import math
+import re
+
+from page_solutions import run_solution
 
 
 def test_ch3_sdpa_is_eot(results):
@@ -153,3 +156,25 @@ def test_ch3_two_sided(results):
     gaps = r["gradient_gap"]
     assert gaps[0] > 1e-3 and r["implicit_vs_unrolled"] < 1e-10 and r["implicit_vs_finite_differences"] < 1e-7
     assert gaps[-1] < gaps[0] * 1e-6
+
+
+def test_ch3_exercise_solutions():
+    """The code of the two solutions on book/ch3/exercises.md runs and prints what their text says."""
+    out = dict(line.split(": ", 1) for line in run_solution(3, "ch3-ex-code-sparsemax"))
+    # "the sorting implementation, the SLSQP projection and the library agree to about 1e-14, every
+    # row sums to one, the KKT conditions hold, and ... only about two keys per row receive positive weight"
+    assert float(out["max |sort - QP|"]) < 1e-13 and float(out["max |sort - attnopt|"]) < 1e-13
+    assert out["rows sum to 1"] == "True" and out["KKT conditions hold"] == "True"
+    assert round(float(out["mean support size"])) == 2
+    lines = run_solution(3, "ch3-ex-code-sinkhorn")
+    # "The half-step agrees with softmax to machine precision; after 200 iterations both marginal
+    # errors are at the level of 1e-16"
+    assert lines[0].endswith("True") and lines[2].endswith("True True")
+    row_error, column_error = (float(x) for x in re.findall(r"error: (\S+)", lines[1]))
+    assert row_error < 1e-15 and column_error < 1e-15
+    # "the column sums of the softmax attention matrix ... range from about 0.7 to 1.5"
+    sums = [float(x) for x in re.findall(r"\d\.\d+", lines[3])]
+    assert len(sums) == 5 and round(min(sums), 1) == 0.7 and round(max(sums), 1) == 1.5
+    # "the objective gap equals eps KL(ab^T || P*) to about 1e-15"
+    gap, eps_kl = (float(x) for x in re.findall(r"(?:gap|KL): (\S+)", lines[4]))
+    assert abs(gap - eps_kl) < 1e-14
