@@ -228,3 +228,34 @@ def test_ch2_exercise_solutions():
     for _ in range(50):
         root -= (4 * root * math.exp(root) - 1) / (4 * math.exp(root) * (1 + root))
     assert f"{root:.4f}" == "0.2039" and f"{0.4 * math.exp(0.1):.3f}" == "0.442"
+
+
+def test_ch2_single_query_example():
+    """applications.md, after Prop. 28: "moving the second atom by delta moves it by about 0.561 delta in
+    W1 (its weight c/(1+c) ~ 0.438 travels delta, and about 0.246 delta of weight shifts over the
+    distance 1/2) ... for N=10 the ratio is 5.61 against C_N=5.35; for N=100, 56.1 against 5.88",
+    computed here on the example itself (d=1, x=y=0, R=100), with W1 in 1D as the area between CDFs."""
+    c = math.exp(-1 / 4)
+    assert f"{c / (1 + c):.3f}" == "0.438" and f"{c / (1 + c) ** 2:.3f}" == "0.246"
+    lip = math.sqrt(2 / math.e)  # the Lipschitz constant of the Gaussian potential on R
+
+    def w1_1d(x, p, y, q):
+        grid = np.sort(np.concatenate([x, y]))
+        cdf_p = np.array([p[x <= g].sum() for g in grid[:-1]])
+        cdf_q = np.array([q[y <= g].sum() for g in grid[:-1]])
+        return float(np.sum(np.abs(cdf_p - cdf_q) * np.diff(grid)))
+
+    def softmatch(atoms):
+        weights = np.exp(-atoms**2)  # G(0, y) = exp(-(0 - y)^2)
+        return weights / weights.sum()
+
+    delta = 1e-6
+    for n, ratio_quoted, bound_quoted in ((10, "5.61", "5.35"), (100, "56.1", "5.88")):
+        x = np.array([0.0, 0.5] + [100.0] * (n - 2))
+        y = x.copy()
+        y[1] += delta
+        moved = w1_1d(x, softmatch(x), y, softmatch(y))
+        assert f"{moved / delta:.3f}" == "0.561"
+        ratio = moved / w1_1d(x, np.full(n, 1 / n), y, np.full(n, 1 / n))
+        bracket = math.sqrt(math.log(n) + 1 / (2 * math.e)) * lip + 1 + 1 + 2  # (ch2-gaussian-bracket), d=1
+        assert f"{ratio:.3g}" == ratio_quoted and f"{bracket:.2f}" == bound_quoted
