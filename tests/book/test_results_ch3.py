@@ -90,6 +90,8 @@ def test_ch3_backward_pass(results):
     ce = r["counterexample"]
     assert all(abs(v["measured"] / v["exact"] - 1) < 0.05 for v in ce.values())
     assert 55 < r["counterexample_ratio"] < 73
+    # geometry.md (on the source): "the baseline multiplies the variance by 64 at epsilon = 0.1" (exact)
+    assert round(ce["baseline E_p[u]"]["exact"] / ce["no baseline"]["exact"], 9) == 64
     # "The autograd Hessian, F(p)/tau, and the exact covariance of the one-hot vector agree to round-off"
     assert max(r["hessian_errors"].values()) < 1e-14
     # "the Monte-Carlo covariance agrees within a few of its own standard errors"
@@ -109,6 +111,11 @@ def test_ch3_backward_pass(results):
     #  either start"
     assert all(v is not None and v < 100 for k, v in steps.items() if k.startswith("natural"))
     assert all(steps[f"plain eta={e} saturated"] is None for e in etas)
+    # its alt text: "Blue curves fall steeply, below 1e-6 within 100 steps (within 10 for the largest
+    # step), the two larger steps on to round-off near 1e-16"
+    assert all(steps[f"natural eta={etas[-1]} {start}"] <= 10 for start in ("uniform", "saturated"))
+    assert all(r["natural_final_gap"][f"natural eta={e} {start}"] < 1e-15
+               for e in etas[1:] for start in ("uniform", "saturated"))
     # "From the uniform start the plain gradient does better, but the natural gradient still ends
     #  with the smaller gap at every step size."
     gap = r["natural_final_gap"]
@@ -141,6 +148,9 @@ def test_ch3_two_sided(results):
     counts = [its[e] for e in eps]
     assert all(c is not None for c in counts) and all(x < y for x, y in zip(counts, counts[1:]))
     assert its["1.0"] < 20 and its["0.1"] >= 100
+    # sinkhorn.md, the figure's alt text: "The curve for epsilon 1 reaches 1e-6 within ten iterations,
+    # the one for 0.1 only after several hundred"
+    assert its["1.0"] <= 10 and 200 <= its["0.1"] < 1000
     # "The measured asymptotic rate matches sigma_2^2 to within 0.1% at every epsilon"
     assert r["rate_agreement"] < 1e-3
     for e in eps:
