@@ -96,6 +96,8 @@ def test_ch3_backward_pass(results):
     assert max(r["hessian_errors"].values()) < 1e-14
     # "the Monte-Carlo covariance agrees within a few of its own standard errors"
     assert r["fisher_mc_error_in_se"] < 5
+    # geometry.md, the figure's caption: "the covariance of 200,000 sampled one-hot vectors"
+    assert r["fisher_mc_samples"] == 200_000
     # "one zero eigenvalue ..., all others positive and at most 1/2, and trace 1 - |p|^2"
     eig = sorted(r["fisher_eigenvalues"])
     assert abs(eig[0]) < 1e-15 and eig[1] > 0 and eig[-1] <= 0.5

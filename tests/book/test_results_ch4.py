@@ -80,6 +80,10 @@ def test_ch4_continuous_2d(results):
     #  the prediction of (ch4-doubled-node) to 2%"
     assert abs(r["doubled_node_slope"] + 1) < 0.05
     assert abs(r["doubled_node_pred_ratio"] - 1) < 0.02
+    # the figure's alt text (sparsemax_2d.md and the notebook): "orange dots falling from about 0.3 to
+    # 2e-4 onto a dashed line of slope -1" (I from 10 to 2000)
+    first, last = r["doubled_node_error_range"]
+    assert f"{first:.0e}" == "3e-01" and f"{last:.0e}" == "2e-04"
     # exercises.md (the rule on exp(cos w)): "(e / I_0(1) - 1) / 100 ~ 1.15%"; "with 8 nodes its
     # relative error is about 1.6e-7, and with 16 it is at rounding level"; "The doubled-node column
     # matches the prediction ... to four digits or more, for every n"
