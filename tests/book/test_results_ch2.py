@@ -4,6 +4,11 @@ One test per notebook; each assert quotes the sentence of the rendered page it c
 """
 
 import math
+import re
+
+import numpy as np
+
+from page_solutions import run_solution
 
 
 def test_ch2_kernels_in_code(results):
@@ -105,6 +110,8 @@ def test_ch2_regularity(results):
     assert r["gaussian_two_token_max"] <= 2.0 and r["gaussian_clouds_max"] <= 2.0
     assert r["gaussian_two_token_max"] <= r["gaussian_bound_two"]
     assert r["gaussian_clouds_max"] <= r["gaussian_bound_cloud"]
+    # the figure's alt text (applications.md and the notebook): "below a horizontal blue line at 25"
+    assert round(r["gaussian_bound_cloud"]) == 25
     # Search over configurations. "The exact ratio at the searched configuration matches the Jacobian estimate"
     assert r["gaussian_jacobian_check"] <= 1e-12
     for rho, exact in zip(r["search_rho"], r["search_exact"]):
@@ -153,6 +160,9 @@ def test_ch2_regularity(results):
     slope = (bound[-1] - bound[-2]) / (math.log(n_[-1]) - math.log(n_[-2]))
     assert abs(slope - 1.9) < 0.05 and slope < 2
     assert r["cluster_first_n"] == 13185
+    # the figure's alt text: "the sqrt(ln N) constant, rises slowly from about 10 to about 16"; the
+    # notebook's: "crosses the blue line ... near thirteen thousand tokens"
+    assert [round(x) for x in (min(r["cluster_printed"]), max(r["cluster_printed"]))] == [10, 16]
     for n_, exact, printed in zip(r["cluster_N"], r["cluster_exact"], r["cluster_printed"]):
         assert (exact > printed) == (n_ > 13185), n_
 
@@ -182,3 +192,75 @@ def test_ch2_regularity(results):
     assert r["prop26_last_step"]["C: rotation lookup"] > 0.1
     # "Certifying a contraction needed a lookup with ||l||_Lip about 0.2"
     assert 0.15 <= r["prop26_lookup_lip"] <= 0.25
+
+
+def test_ch2_exercise_solutions():
+    """The solutions on book/ch2/exercises.md: their code runs and prints what the text says, and
+    the numbers they work out by hand are right."""
+    # ch2-ex-two-queries: "# tensor([[1.6358], [2.0000]])", "y_1 = (e+5)/(e+2) ~ 1.6358", "y_2 = 2 exactly"
+    printed = " ".join(run_solution(2, "ch2-ex-two-queries"))
+    assert re.findall(r"\d+\.\d+", printed) == ["1.6358", "2.0000"], printed
+    assert f"{(math.e + 5) / (math.e + 2):.4f}" == "1.6358"
+    # ch2-ex-w1: the linear program and POT both give "1.3333..., the coupling above"
+    lp, *coupling, emd = run_solution(2, "ch2-ex-w1")
+    assert abs(float(lp.split()[0]) - 4 / 3) < 1e-9 and abs(float(emd) - 4 / 3) < 1e-12
+    plan = np.array([float(x) for x in re.findall(r"[\d.]+", " ".join([lp.split(maxsplit=1)[1], *coupling]))])
+    assert np.allclose(plan, [1 / 3, 1 / 6, 0, 0, 1 / 6, 1 / 3], atol=1e-9), plan
+    # ch2-ex-not-lipschitz, part 1: "# 0.75, 1.5, 6.75, 25.5 on both sides"
+    rows = [[float(x) for x in line.split()] for line in run_solution(2, "ch2-ex-not-lipschitz")]
+    assert [m for m, _, _ in rows] == [1, 2, 5, 10]
+    for (_, fd, closed), quoted in zip(rows, (0.75, 1.5, 6.75, 25.5)):
+        assert closed == quoted and abs(fd - quoted) < 1e-6
+    # part 3: "numerically 1.124, 1.123, 1.000, 1.000 for M=1,2,5,10"
+    slope = [(1 + c + 2 * m * m * c) / (1 + c) ** 2 for m in (1, 2, 5, 10) for c in [math.exp(-m * m)]]
+    assert [f"{x:.3f}" for x in slope] == ["1.124", "1.123", "1.000", "1.000"]
+    # ch2-ex-contractive, part 3: "e^{0.4}(1+8*2*0.2) = 1.4918*4.2 ~ 6.266", "below 1 for c < 0.0798;
+    # with tau(Pi)=1, for c < 0.1596. Take c = 0.15: tau <= 0.94"
+    bound = math.exp(0.4) * (1 + 8 * 2 * 0.2)
+    assert f"{math.exp(0.4):.4f}" == "1.4918" and f"{bound:.3f}" == "6.266"
+    assert f"{1 / (2 * bound):.4f}" == "0.0798" and f"{1 / bound:.4f}" == "0.1596"
+    assert f"{0.15 * bound:.2f}" == "0.94"
+    # part 4: "the largest measured ratio over 2000 random pairs ... was about 0.154 for c=0.15 and 0.93
+    # for c=0.9, and after 30 layers the largest coordinate was about 4e-26 and 9e-3 ... the bound (5.6)"
+    (c1, worst1, last1), (c2, worst2, last2) = ([float(x) for x in line.split()]
+                                                for line in run_solution(2, "ch2-ex-contractive"))
+    assert (c1, c2) == (0.15, 0.9)
+    assert f"{worst1:.3f}" == "0.154" and f"{worst2:.2f}" == "0.93"
+    assert f"{last1:.0e}" == "4e-26" and f"{last2:.0e}" == "9e-03"
+    assert f"{0.9 * bound:.1f}" == "5.6"
+    # ch2-ex-printed-fails: "s < 0.2039... (the root of 4 s e^s = 1); for instance s = 0.1 gives 0.442"
+    root = 0.2
+    for _ in range(50):
+        root -= (4 * root * math.exp(root) - 1) / (4 * math.exp(root) * (1 + root))
+    assert f"{root:.4f}" == "0.2039" and f"{0.4 * math.exp(0.1):.3f}" == "0.442"
+
+
+def test_ch2_single_query_example():
+    """applications.md, after Prop. 28: "moving the second atom by delta moves it by about 0.561 delta in
+    W1 (its weight c/(1+c) ~ 0.438 travels delta, and about 0.246 delta of weight shifts over the
+    distance 1/2) ... for N=10 the ratio is 5.61 against C_N=5.35; for N=100, 56.1 against 5.88",
+    computed here on the example itself (d=1, x=y=0, R=100), with W1 in 1D as the area between CDFs."""
+    c = math.exp(-1 / 4)
+    assert f"{c / (1 + c):.3f}" == "0.438" and f"{c / (1 + c) ** 2:.3f}" == "0.246"
+    lip = math.sqrt(2 / math.e)  # the Lipschitz constant of the Gaussian potential on R
+
+    def w1_1d(x, p, y, q):
+        grid = np.sort(np.concatenate([x, y]))
+        cdf_p = np.array([p[x <= g].sum() for g in grid[:-1]])
+        cdf_q = np.array([q[y <= g].sum() for g in grid[:-1]])
+        return float(np.sum(np.abs(cdf_p - cdf_q) * np.diff(grid)))
+
+    def softmatch(atoms):
+        weights = np.exp(-atoms**2)  # G(0, y) = exp(-(0 - y)^2)
+        return weights / weights.sum()
+
+    delta = 1e-6
+    for n, ratio_quoted, bound_quoted in ((10, "5.61", "5.35"), (100, "56.1", "5.88")):
+        x = np.array([0.0, 0.5] + [100.0] * (n - 2))
+        y = x.copy()
+        y[1] += delta
+        moved = w1_1d(x, softmatch(x), y, softmatch(y))
+        assert f"{moved / delta:.3f}" == "0.561"
+        ratio = moved / w1_1d(x, np.full(n, 1 / n), y, np.full(n, 1 / n))
+        bracket = math.sqrt(math.log(n) + 1 / (2 * math.e)) * lip + 1 + 1 + 2  # (ch2-gaussian-bracket), d=1
+        assert f"{ratio:.3g}" == ratio_quoted and f"{bracket:.2f}" == bound_quoted

@@ -2,6 +2,9 @@
 numbers each notebook recorded.  Each assert quotes the sentence of the rendered page it checks."""
 
 import math
+import re
+
+from page_solutions import run_solution
 
 
 def test_ch3_sdpa_is_eot(results):
@@ -87,10 +90,14 @@ def test_ch3_backward_pass(results):
     ce = r["counterexample"]
     assert all(abs(v["measured"] / v["exact"] - 1) < 0.05 for v in ce.values())
     assert 55 < r["counterexample_ratio"] < 73
+    # geometry.md (on the source): "the baseline multiplies the variance by 64 at epsilon = 0.1" (exact)
+    assert round(ce["baseline E_p[u]"]["exact"] / ce["no baseline"]["exact"], 9) == 64
     # "The autograd Hessian, F(p)/tau, and the exact covariance of the one-hot vector agree to round-off"
     assert max(r["hessian_errors"].values()) < 1e-14
     # "the Monte-Carlo covariance agrees within a few of its own standard errors"
     assert r["fisher_mc_error_in_se"] < 5
+    # geometry.md, the figure's caption: "the covariance of 200,000 sampled one-hot vectors"
+    assert r["fisher_mc_samples"] == 200_000
     # "one zero eigenvalue ..., all others positive and at most 1/2, and trace 1 - |p|^2"
     eig = sorted(r["fisher_eigenvalues"])
     assert abs(eig[0]) < 1e-15 and eig[1] > 0 and eig[-1] <= 0.5
@@ -106,6 +113,11 @@ def test_ch3_backward_pass(results):
     #  either start"
     assert all(v is not None and v < 100 for k, v in steps.items() if k.startswith("natural"))
     assert all(steps[f"plain eta={e} saturated"] is None for e in etas)
+    # its alt text: "Blue curves fall steeply, below 1e-6 within 100 steps (within 10 for the largest
+    # step), the two larger steps on to round-off near 1e-16"
+    assert all(steps[f"natural eta={etas[-1]} {start}"] <= 10 for start in ("uniform", "saturated"))
+    assert all(r["natural_final_gap"][f"natural eta={e} {start}"] < 1e-15
+               for e in etas[1:] for start in ("uniform", "saturated"))
     # "From the uniform start the plain gradient does better, but the natural gradient still ends
     #  with the smaller gap at every step size."
     gap = r["natural_final_gap"]
@@ -138,6 +150,9 @@ def test_ch3_two_sided(results):
     counts = [its[e] for e in eps]
     assert all(c is not None for c in counts) and all(x < y for x, y in zip(counts, counts[1:]))
     assert its["1.0"] < 20 and its["0.1"] >= 100
+    # sinkhorn.md, the figure's alt text: "The curve for epsilon 1 reaches 1e-6 within ten iterations,
+    # the one for 0.1 only after several hundred"
+    assert its["1.0"] <= 10 and 200 <= its["0.1"] < 1000
     # "The measured asymptotic rate matches sigma_2^2 to within 0.1% at every epsilon"
     assert r["rate_agreement"] < 1e-3
     for e in eps:
@@ -153,3 +168,25 @@ def test_ch3_two_sided(results):
     gaps = r["gradient_gap"]
     assert gaps[0] > 1e-3 and r["implicit_vs_unrolled"] < 1e-10 and r["implicit_vs_finite_differences"] < 1e-7
     assert gaps[-1] < gaps[0] * 1e-6
+
+
+def test_ch3_exercise_solutions():
+    """The code of the two solutions on book/ch3/exercises.md runs and prints what their text says."""
+    out = dict(line.split(": ", 1) for line in run_solution(3, "ch3-ex-code-sparsemax"))
+    # "the sorting implementation, the SLSQP projection and the library agree to about 1e-14, every
+    # row sums to one, the KKT conditions hold, and ... only about two keys per row receive positive weight"
+    assert float(out["max |sort - QP|"]) < 1e-13 and float(out["max |sort - attnopt|"]) < 1e-13
+    assert out["rows sum to 1"] == "True" and out["KKT conditions hold"] == "True"
+    assert round(float(out["mean support size"])) == 2
+    lines = run_solution(3, "ch3-ex-code-sinkhorn")
+    # "The half-step agrees with softmax to machine precision; after 200 iterations both marginal
+    # errors are at the level of 1e-16"
+    assert lines[0].endswith("True") and lines[2].endswith("True True")
+    row_error, column_error = (float(x) for x in re.findall(r"error: (\S+)", lines[1]))
+    assert row_error < 1e-15 and column_error < 1e-15
+    # "the column sums of the softmax attention matrix ... range from about 0.7 to 1.5"
+    sums = [float(x) for x in re.findall(r"\d\.\d+", lines[3])]
+    assert len(sums) == 5 and round(min(sums), 1) == 0.7 and round(max(sums), 1) == 1.5
+    # "the objective gap equals eps KL(ab^T || P*) to about 1e-15"
+    gap, eps_kl = (float(x) for x in re.findall(r"(?:gap|KL): (\S+)", lines[4]))
+    assert abs(gap - eps_kl) < 1e-14

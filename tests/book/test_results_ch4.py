@@ -2,6 +2,9 @@
 each notebook recorded.  Each assert quotes the sentence of the rendered page it checks."""
 
 import math
+import re
+
+from page_solutions import run_solution
 
 
 def test_ch4_continuous_1d(results):
@@ -77,6 +80,10 @@ def test_ch4_continuous_2d(results):
     #  the prediction of (ch4-doubled-node) to 2%"
     assert abs(r["doubled_node_slope"] + 1) < 0.05
     assert abs(r["doubled_node_pred_ratio"] - 1) < 0.02
+    # the figure's alt text (sparsemax_2d.md and the notebook): "orange dots falling from about 0.3 to
+    # 2e-4 onto a dashed line of slope -1" (I from 10 to 2000)
+    first, last = r["doubled_node_error_range"]
+    assert f"{first:.0e}" == "3e-01" and f"{last:.0e}" == "2e-04"
     # exercises.md (the rule on exp(cos w)): "(e / I_0(1) - 1) / 100 ~ 1.15%"; "with 8 nodes its
     # relative error is about 1.6e-7, and with 16 it is at rounding level"; "The doubled-node column
     # matches the prediction ... to four digits or more, for every n"
@@ -125,3 +132,24 @@ def test_ch4_multimodal(results):
     # (multimodal.md: "all three would choose a single component for every map")
     assert r["thesis_penalties"] == [10, 100, 500]
     assert all(share == 100 for share in r["thesis_share_k1"].values())
+
+
+def test_ch4_exercise_solutions():
+    """The code of the solutions on book/ch4/exercises.md runs and prints what their text says."""
+    # ch4-ex-estep: its asserts, "(a) the weighted log-likelihood never decreases along the
+    # iterations and (b) with K=1 one EM step returns the weighted mean and covariance"
+    # "print(pi, mu)   # compare the means with the blob centres" (0.2, 0.3) and (0.8, 0.7)
+    printed = " ".join(run_solution(4, "ch4-ex-estep"))
+    numbers = [float(x) for x in re.findall(r"\d\.\d+", printed)]
+    assert len(numbers) == 6 and abs(sum(numbers[:2]) - 1) < 1e-3, printed
+    means = sorted(zip(numbers[2::2], numbers[3::2]))
+    assert all(math.dist(m, c) < 0.03 for m, c in zip(means, [(0.2, 0.3), (0.8, 0.7)])), means
+    # ch4-ex-trapezoid: "(e / I_0(1) - 1) / 100 ~ 1.15%"; "with 8 nodes its relative error is about
+    # 1.6e-7, and with 16 it is at rounding level"; "The doubled-node column matches the prediction
+    # (2 pi h(0) / I - 1) / n to four digits or more, for every n"
+    rows = {int(n): (float(p), float(d), float(q)) for n, p, d, q in
+            (line.split() for line in run_solution(4, "ch4-ex-trapezoid"))}
+    assert sorted(rows) == [8, 16, 100]
+    assert f"{rows[8][0]:.1e}" == "1.6e-07" and rows[16][0] < 1e-15
+    assert f"{100 * rows[100][2]:.2f}" == "1.15"
+    assert all(abs(d / q - 1) < 1e-4 for _, d, q in rows.values())
