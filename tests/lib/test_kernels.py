@@ -28,18 +28,13 @@ from attnopt.kernels import (
     softmatch_kernel,
 )
 
+from random_measures import generator, simplex
+
 F64 = torch.float64
 
 
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _simplex(shape, gen, zeros=False):
-    w = torch.rand(*shape, generator=gen, dtype=F64) + 0.05
-    if zeros:
-        w[..., 0] = 0.0
-    return w / w.sum(-1, keepdim=True)
+_gen = generator
+_simplex = simplex
 
 
 # ------------------------------------------------------------------------------------------

@@ -31,20 +31,14 @@ from attnopt.regularity import (
     wasserstein1,
 )
 
+from random_measures import generator, simplex
+
 F64 = torch.float64
 HSET = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _weights(shape, gen, zeros=False):
-    """Random masses summing to one (a zero first mass with ``zeros``)."""
-    w = torch.rand(*shape, generator=gen, dtype=F64) + 0.05
-    if zeros:
-        w[..., 0] = 0.0
-    return w / w.sum(-1, keepdim=True)
+_gen = generator
+_weights = simplex
 
 
 def _pot_w1(a, x, b, y):
