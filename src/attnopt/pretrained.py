@@ -210,8 +210,8 @@ def load_minilm(device="cpu"):
 
     Example:
         >>> model, tokenizer = load_minilm()
-        >>> config = model.config
-        >>> config.num_hidden_layers, config.num_attention_heads, config.hidden_size
+        >>> c = model.config
+        >>> c.num_hidden_layers, c.num_attention_heads, c.hidden_size
         (6, 12, 384)
         >>> tokenizer.tokenize("Attention is all you need.")
         ['attention', 'is', 'all', 'you', 'need', '.']
