@@ -14,7 +14,7 @@ provides a synthetic stand-in with the same structure and what VQA-v2 lacks, gro
 * :class:`GridEncoder`, :func:`pretrain_encoder`, :func:`encode` -- a small CNN trained once to say,
   for each cell of a :math:`G\times G` grid, which colour and which shape cover it; its frozen
   per-cell description (13 numbers, :data:`FEATURES`) plays the part of the frozen grid features
-  every head of the thesis shares;
+  every head of Farinhas (2021) shares;
 * :class:`VQAModel` -- a question encoder, a bilinear score per cell and one of the :data:`HEADS`,
   each a thin adapter over :class:`attnopt.continuous.ContinuousAttention` or
   :class:`attnopt.mixture.MultimodalContinuousAttention`; :func:`swap_head` reuses a trained model
@@ -850,7 +850,7 @@ class VQAModel(nn.Module):
     a truncated paraboloid, :class:`~attnopt.continuous.ContinuousAttention`, §6.2.2 of Farinhas,
     2021) or a Gaussian mixture fitted to it by weighted EM
     (:class:`~attnopt.mixture.MultimodalContinuousAttention`: ``"mixture"`` with ``n_components``
-    components, 2 EM iterations from the upper/lower halves, as the thesis's 2-MCA;
+    components, 2 EM iterations from the upper/lower halves, as the 2-MCA of Farinhas (2021);
     ``"mixture_selected"`` with :math:`K^\star\le` ``n_components`` chosen per example by (5.20),
     3 random initializations and 20 iterations per :math:`K`, its test-MCA).  Answer logits: an MLP
     of :math:`[\operatorname{relu}(W_c\bar c)\odot\operatorname{relu}(W_q q),\ q]`, :math:`\bar c` the
@@ -1183,7 +1183,7 @@ def train(
             :math:`-\beta\log\sum_{c\in M}a_c` on the head's *own* attention :math:`a`
             (:func:`attention_map` at the grid's resolution: the softmax for discrete attention,
             the density at the cell centres for the others) with the ground-truth grid mask
-            :math:`M`.  Not part of the thesis's training (0 by default).
+            :math:`M`.  Not part of the training in Farinhas (2021) (0 by default).
 
     Returns:
         ``{"loss", "accuracy", "epoch_time"}``: per epoch, the mean training loss, the training
