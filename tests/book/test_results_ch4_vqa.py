@@ -45,7 +45,7 @@ def test_accuracy_claims(results):
     # "answers same-shape questions well above chance (above 65% on average), but with a large
     # spread over the seeds (a standard deviation above 5 points)"
     assert r["mixture_same_shape_mean"] > 0.65 and r["mixture_same_shape_std"] > 0.05
-    # "Its yes/no accuracy stays below the 90% that discrete attention reaches easily"
+    # "Its yes/no accuracy stays below the 90% that discrete attention exceeds easily"
     assert r["mixture_yes_no_mean"] < 0.90 < r["discrete_yes_no_mean"]
     # "continuous sparsemax counts better than continuous softmax, by more than 10 points"
     assert r["continuous_sparsemax_number_mean"] > r["continuous_softmax_number_mean"] + 0.10
