@@ -1346,8 +1346,9 @@ def selection_sweep(
         batch_size: questions per fit.
 
     Returns:
-        ``{penalty: {"k_star_shares": [share of K*=1, ..., share of K*=K_max], "overall", "yes/no",
-        "number", "other", <families>, "n"}}``.
+        A dict from each penalty to a dict with ``"k_star_shares"`` (the shares of
+        :math:`K^\star=1,\dots,K_{\max}`, a list), the accuracies ``"overall"``, ``"yes/no"``,
+        ``"number"``, ``"other"`` and per question family, and the number of questions ``"n"``.
 
     Raises:
         TypeError: ``model`` not a :class:`VQAModel`, ``penalties`` not a sequence of numbers,
