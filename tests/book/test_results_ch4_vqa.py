@@ -107,6 +107,6 @@ def test_page_claims(results):
 
 def test_page_claim_on_the_multimodal_notebook(results):
     """vqa_setting.md: "on synthetic weights with a known number of blobs (ch4_multimodal) it finds
-    that number for only a third to two fifths of the maps"."""
+    that number for fewer than half of the maps"."""
     match = results("ch4_multimodal")["match_true"]  # percentages, one per penalty
-    assert all(100 / 3 - 0.5 <= v <= 40 + 1e-9 for v in match.values()), match
+    assert all(v < 50 for v in match.values()), match
