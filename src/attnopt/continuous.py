@@ -73,6 +73,7 @@ __all__ = [
     "DEFAULT_N_QUADRATURE",
     "DEFAULT_TOL",
     "ContinuousAttention",
+    "ContinuousDensity",
     "GaussianRBF",
     "continuous_density",
     "continuous_softmax",
@@ -80,6 +81,7 @@ __all__ = [
     "grid_locations",
     "moment_match",
     "padding_locations",
+    "ridge_operator",
     "ridge_value_function",
     "truncated_paraboloid_threshold",
 ]
@@ -422,8 +424,8 @@ def padding_locations(
 
 
 def _ridge_operator(locations, basis, penalty, padding=None):
-    """``G = F (F^T F + penalty I)^{-1}`` restricted to the rows of ``locations``: ``(L, N)``."""
-    F = basis(locations)  # (L, N)
+    """``G = F^T (F F^T + penalty I)^{-1}`` restricted to the rows of ``locations``: ``(L, N)`` (unchecked)."""
+    F = basis(locations)  # (L, N): row l is psi(t_l), i.e. F^T in the notation of eq. (3.17)
     n_loc = F.shape[0]
     if padding is not None:
         F = torch.cat([F, basis(padding)], dim=0)
@@ -439,6 +441,65 @@ def _ridge_operator(locations, basis, penalty, padding=None):
             "the ridge normal equations are singular; use penalty > 0 (or more locations)")
     G = G.transpose(-1, -2)  # gram is symmetric
     return G[:n_loc]
+
+
+def ridge_operator(
+    locations: torch.Tensor,
+    basis: GaussianRBF,
+    penalty: float = 0.01,
+    *,
+    padding: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r"""The matrix :math:`G=F^\top(FF^\top+\lambda I_N)^{-1}` that turns features into value coefficients.
+
+    Ridge regression of the features :math:`H\in\mathbb R^{d\times L}` on the basis values
+    :math:`F=[\psi(t_1),\dots,\psi(t_L)]\in\mathbb R^{N\times L}` (eq. (3.17) and Fig. 6.3 of
+    Farinhas, 2021) gives :math:`B^\star=HG`.  :math:`G` depends only on the locations, the basis and
+    the penalty, so a model computes it once ("offline", Fig. 6.3) and applies it to every batch of
+    features: ``B = torch.einsum("...ld,ln->...dn", features, G)``.  With ``padding`` (footnote 2
+    of §6.2.2) the regression also sees the padding locations, with target zero, and only the rows
+    of the real locations are returned.
+
+    Args:
+        locations: ``(L, D)`` locations :math:`t_l`.
+        basis: the :class:`GaussianRBF` :math:`\psi` (``N`` functions on :math:`\mathbb R^D`).
+        penalty: the ridge penalty :math:`\lambda\ge0` (0.01 in Farinhas, 2021, Table 6.1).
+        padding: optional ``(P, D)`` extra locations where :math:`V_B` is fitted to zero
+            (see :func:`padding_locations`).
+
+    Returns:
+        ``(L, N)`` tensor :math:`G`, in the dtype and on the device of ``locations``.
+
+    Raises:
+        TypeError: ``basis`` not a :class:`GaussianRBF`, ``locations`` or ``padding`` not floating
+            point, ``penalty`` not a real number.
+        ValueError: ``locations``/``padding`` not ``(L, D)`` with the basis's ``D``, empty or not
+            finite, ``penalty < 0``, or singular normal equations (``penalty = 0`` with fewer
+            locations than basis functions).
+
+    Example:
+        >>> basis, loc = GaussianRBF.grid(3, 0.3), grid_locations(5)
+        >>> G = ridge_operator(loc, basis)
+        >>> G.shape
+        torch.Size([25, 9])
+        >>> features = torch.randn(25, 4)
+        >>> B = features.T @ G  # the coefficients of ridge_value_function
+        >>> bool(torch.allclose(B, ridge_value_function(features, loc, basis), atol=1e-5))
+        True
+
+    References:
+        Farinhas (2021), eq. (3.17), Fig. 6.3 and footnote 2 of §6.2.2.
+    """
+    if not isinstance(basis, GaussianRBF):
+        raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
+    locations = _check_locations(locations, basis)
+    penalty = check_positive(penalty, "penalty", allow_zero=True)
+    if padding is not None:
+        padding = _check_locations(padding, basis, "padding").to(locations)
+    cdt = _compute_dtype(locations.dtype)
+    G = _ridge_operator(locations.to(cdt), _BasisAs(basis, locations),
+                        penalty, None if padding is None else padding.to(cdt))
+    return G.to(locations.dtype)
 
 
 def _check_locations(locations, basis, name="locations"):
@@ -677,48 +738,57 @@ class _ContinuousSoftmaxFn(torch.autograd.Function):
     def forward(ctx, mu, Sigma, centers, cov):
         # mu (B, D), Sigma (B, D, D) PSD, centers (N, D), cov (N, D, D) SPD
         d = mu.shape[-1]
-        Ls = torch.linalg.cholesky_ex(Sigma.unsqueeze(-3) + cov)[0]  # (B, N, D, D): S = Sigma + Sigma_j, SPD
+        S = Sigma.unsqueeze(-3) + cov  # (B, N, D, D): S_j = Sigma + Sigma_j, SPD
         diff = mu.unsqueeze(-2) - centers  # (B, N, D): mu - mu_j
-        w = _chol_solve(Ls, diff.unsqueeze(-1)).squeeze(-1)  # S^{-1}(mu - mu_j)
+        if d == 2:  # the 2x2 inverse in closed form: batched LAPACK calls on tiny matrices are slow
+            a, b, c = S[..., 0, 0], S[..., 0, 1], S[..., 1, 1]
+            det = a * c - b * b
+            S_inv = torch.stack([torch.stack([c, -b], -1), torch.stack([-b, a], -1)], -2) / det[..., None, None]
+            half_logdet = 0.5 * torch.log(det)
+        else:
+            Ls = torch.linalg.cholesky_ex(S)[0]
+            S_inv = _chol_inverse(Ls)
+            half_logdet = torch.log(torch.diagonal(Ls, dim1=-2, dim2=-1)).sum(-1)
+        w = (S_inv @ diff.unsqueeze(-1)).squeeze(-1)  # S^{-1}(mu - mu_j)
         quad = (diff * w).sum(-1)
-        half_logdet = torch.log(torch.diagonal(Ls, dim1=-2, dim2=-1)).sum(-1)
         r = torch.exp(-0.5 * quad - half_logdet - 0.5 * d * math.log(2 * math.pi))  # eq. (4.10)
-        ctx.save_for_backward(Ls, w, r)
+        ctx.save_for_backward(S_inv, w, r)
         return r
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_r):
-        Ls, w, r = ctx.saved_tensors
+        S_inv, w, r = ctx.saved_tensors
         # r_j = N(mu; mu_j, S_j), S_j = Sigma + Sigma_j: dr_j/dmu = -r_j w_j and
         # dr_j/dSigma = dr_j/dS_j = r_j (w_j w_j^T - S_j^{-1}) / 2, w_j = S_j^{-1}(mu - mu_j); no Sigma^{-1},
         # so Sigma may be singular (eqs. (4.11)-(4.12) chained to (mu, Sigma) give the same)
         gs = grad_r * r
         grad_mu = -torch.einsum("bn,bnd->bd", gs, w)
-        S_inv = _chol_inverse(Ls)
         outer = w.unsqueeze(-1) * w.unsqueeze(-2)
         grad_Sigma = 0.5 * torch.einsum("bn,bnde->bde", gs, outer - S_inv)
         return grad_mu, _sym(grad_Sigma), None, None
 
 
-def _prepare(mu, Sigma, basis, name_fn, *, definite):
-    """Validate ``(mu, Sigma, basis)`` and flatten the batch: ``Sigma`` SPD (``definite``) or PSD."""
+def _prepare(mu, Sigma, basis, name_fn, *, definite, names=("mu", "Sigma")):
+    """Validate ``(mu, Sigma, basis)`` and flatten the batch: ``Sigma`` SPD (``definite``) or PSD.
+    ``names`` are the user's names of the two arguments (for the error messages)."""
+    n_mu, n_S = names
     if not isinstance(basis, GaussianRBF):
         raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
-    mu = as_float_tensor(mu, "mu", min_ndim=1)
-    Sigma = as_float_tensor(Sigma, "Sigma", min_ndim=2)
-    check_same_dtype(Sigma, "Sigma", mu, "mu")
-    check_same_device(Sigma, "Sigma", mu, "mu")
+    mu = as_float_tensor(mu, n_mu, min_ndim=1)
+    Sigma = as_float_tensor(Sigma, n_S, min_ndim=2)
+    check_same_dtype(Sigma, n_S, mu, n_mu)
+    check_same_device(Sigma, n_S, mu, n_mu)
     d = mu.shape[-1]
     if Sigma.shape[-2:] != (d, d):
         raise ValueError(
-            f"Sigma must have shape (..., {d}, {d}) to match mu of shape {tuple(mu.shape)}; got {tuple(Sigma.shape)}"
+            f"{n_S} must have shape (..., {d}, {d}) to match {n_mu} of shape {tuple(mu.shape)}; got {tuple(Sigma.shape)}"
         )
     if basis.dim != d:
-        raise ValueError(f"{name_fn}: mu has dimension D={d} but the basis lives in D={basis.dim}")
-    batch = broadcast_shapes(mu=mu.shape[:-1], Sigma=Sigma.shape[:-2])
-    check_finite(mu, "mu")
-    (check_spd if definite else check_psd)(Sigma, "Sigma")
+        raise ValueError(f"{name_fn}: {n_mu} has dimension D={d} but the basis lives in D={basis.dim}")
+    batch = broadcast_shapes(**{n_mu: mu.shape[:-1], n_S: Sigma.shape[:-2]})
+    check_finite(mu, n_mu)
+    (check_spd if definite else check_psd)(Sigma, n_S)
     cdt = _compute_dtype(mu.dtype)
     mu_f = mu.expand(*batch, d).reshape(-1, d).to(cdt)
     Sigma_f = _sym(Sigma.expand(*batch, d, d).reshape(-1, d, d).to(cdt))
@@ -1978,32 +2048,213 @@ def continuous_sparsemax(
 
 
 # --------------------------------------------------------------------------------------------
+# the attention density: one type for every head
+# --------------------------------------------------------------------------------------------
+
+
+class ContinuousDensity(NamedTuple):
+    r"""An attention density on :math:`\mathbb R^D`: a mixture of :math:`K` Gaussians or truncated paraboloids.
+
+    .. math::
+
+        p(t)=\sum_{k=1}^K\pi_k\,p_k(t),\qquad
+        \mathbb E_p[\psi(t)]=\sum_{k=1}^K\pi_k\,\mathbb E_{p_k}[\psi(t)],
+
+    eqs. (5.3)--(5.4) of Farinhas (2021); :math:`K=1` is the unimodal density of continuous softmax
+    (:math:`p_k=\mathcal N(\mu_k,\Sigma_k)`, eq. (3.12)) or continuous sparsemax (a truncated
+    paraboloid, eq. (3.14)).  Each component is stored by its mean and its **covariance**
+    :math:`V_k`, which stays defined in the limits a softmax reaches (weights on one location or on a
+    line: a singular :math:`V_k`); the paraboloid's scale :math:`\Sigma_k` is the property
+    :attr:`scales` (Theorem 1, :math:`-2\lambda\Sigma=(D+4)V`).  :class:`ContinuousAttention` returns
+    one with :math:`K=1`, :class:`attnopt.mixture.MultimodalContinuousAttention` one with :math:`K`
+    components, and :func:`attnopt.mixture.select_components` pads unused components with mixing
+    weight exactly 0.
+
+    Attributes:
+        mixing: ``(..., K)`` mixing weights :math:`\pi_k\ge0` (zero for unused components).
+        means: ``(..., K, D)`` means :math:`\mu_k`.
+        covariances: ``(..., K, D, D)`` covariances :math:`V_k` (symmetric positive semi-definite).
+        family: ``"gaussian"`` or ``"truncated_paraboloid"``.
+
+    Example:
+        >>> density = ContinuousDensity(torch.ones(1), torch.full((1, 2), 0.5), 0.01 * torch.eye(2)[None])
+        >>> basis = GaussianRBF.grid(3, 0.3)
+        >>> density.expected_basis(basis).shape  # r = E_p[psi(t)]
+        torch.Size([9])
+        >>> round(density.pdf(torch.tensor([[0.5, 0.5]])).item(), 2)  # N(mu; mu, V) = 1 / (2 pi 0.01)
+        15.92
+
+    References:
+        Farinhas (2021), eqs. (3.12), (3.14), (5.3)-(5.4) and Theorem 1; Martins et al. (2020).
+    """
+
+    mixing: torch.Tensor
+    means: torch.Tensor
+    covariances: torch.Tensor
+    family: str = "gaussian"
+
+    @property
+    def n_components(self) -> torch.Tensor:
+        """``(...)`` number of components with positive mixing weight."""
+        return (self.mixing > 0).sum(-1)
+
+    @property
+    def scales(self) -> torch.Tensor:
+        r"""``(..., K, D, D)`` the matrices :math:`\Sigma_k` of :math:`f(t)=-\frac12(t-\mu_k)^\top\Sigma_k^{-1}(t-\mu_k)`:
+        the covariance for a Gaussian, :math:`k^{-(1+D/2)}|V|^{1/2}V` for a truncated paraboloid
+        (eq. (4.6) in 2D; 0 where :math:`V` is singular)."""
+        check_choice(self.family, "family", _FAMILIES)
+        return self.covariances if self.family == "gaussian" else _paraboloid_scale(self.covariances)
+
+    def _checked(self):
+        family = check_choice(self.family, "family", _FAMILIES)
+        mixing = as_float_tensor(self.mixing, "mixing", min_ndim=1)
+        means = as_float_tensor(self.means, "means", min_ndim=2)
+        covs = as_float_tensor(self.covariances, "covariances", min_ndim=3)
+        for x, name in ((mixing, "mixing"), (covs, "covariances")):
+            check_same_dtype(x, name, means, "means")
+            check_same_device(x, name, means, "means")
+        check_shape_match(mixing, "mixing", means, "means", [(-1, -2)])
+        check_shape_match(covs, "covariances", means, "means", [(-3, -2), (-2, -1), (-1, -1)])
+        broadcast_shapes(mixing=mixing.shape[:-1], means=means.shape[:-2], covariances=covs.shape[:-3])
+        check_finite(mixing, "mixing")
+        check_nonnegative(mixing, "mixing")
+        return family, mixing, means, covs
+
+    def expected_basis(
+        self,
+        basis: GaussianRBF,
+        *,
+        n_quadrature: int | None = DEFAULT_N_QUADRATURE,
+        tol: float | None = None,
+        max_quadrature: int = DEFAULT_MAX_QUADRATURE,
+    ) -> torch.Tensor:
+        r""":math:`r=\mathbb E_p[\psi(t)]=\sum_k\pi_k\,\mathbb E_{p_k}[\psi(t)]` (eq. (5.4)); the context is :math:`c=Br`.
+
+        Each component's expectation is :func:`continuous_softmax` (closed form, eq. (4.10)) or
+        :func:`continuous_sparsemax` computed from the covariance (so that a singular covariance,
+        a density on a segment or a point mass, is the limit of the formula rather than an error).
+
+        Args:
+            basis: the :class:`GaussianRBF` :math:`\psi` on :math:`\mathbb R^D`.
+            n_quadrature, tol, max_quadrature: the angular rule of 2D sparsemax, as in
+                :func:`continuous_sparsemax` (ignored for Gaussians).
+
+        Returns:
+            ``(..., N)`` in the dtype of ``means``.
+
+        Raises:
+            TypeError: ``basis`` not a :class:`GaussianRBF`, non-float or mixed-dtype fields.
+            ValueError: shapes that disagree with each other or with the basis, negative or
+                non-finite mixing weights, covariances that are not symmetric positive
+                semi-definite or not finite, an unknown ``family``, sparsemax with :math:`D>2`.
+
+        Example:
+            >>> basis = GaussianRBF.grid(3, 0.3, dtype=torch.float64)
+            >>> mu = torch.tensor([[0.2, 0.3], [0.8, 0.6]], dtype=torch.float64)
+            >>> two = ContinuousDensity(torch.tensor([0.25, 0.75], dtype=torch.float64), mu,
+            ...                         torch.zeros(2, 2, 2, dtype=torch.float64))
+            >>> bool(torch.allclose(two.expected_basis(basis), 0.25 * basis(mu[0]) + 0.75 * basis(mu[1])))
+            True
+        """
+        family, mixing, means, covs = self._checked()
+        n_quadrature, tol, max_quadrature = _check_quadrature_args(n_quadrature, tol, max_quadrature)
+        if family == "truncated_paraboloid" and means.shape[-1] not in (1, 2):
+            raise ValueError(f"continuous sparsemax supports D in {{1, 2}}; got D={means.shape[-1]}")
+        mu_f, V_f, centers, cov, batch, dtype = _prepare(means, covs, basis, "expected_basis", definite=False,
+                                                            names=("means", "covariances"))
+        return _expected_basis(family, mixing, mu_f, V_f, centers, cov, batch, dtype, basis.n_basis,
+                               (n_quadrature, tol, max_quadrature))
+
+    def pdf(self, points: torch.Tensor) -> torch.Tensor:
+        r"""The density :math:`p(t)=\sum_k\pi_kp_k(t)` at ``(P, D)`` points: ``(..., P)``.
+
+        Components with mixing weight 0 are skipped (their parameters may be placeholders); the
+        others need a positive-definite covariance (a density on a segment or a point has no
+        values to plot).
+
+        Raises:
+            TypeError, ValueError: as :meth:`expected_basis`, and for ``points`` not ``(P, D)``
+                floats of the means' dtype, or a used component with a singular covariance.
+
+        Example:
+            >>> g = ContinuousDensity(torch.ones(1), torch.zeros(1, 2), torch.eye(2)[None])
+            >>> round(g.pdf(torch.zeros(1, 2)).item(), 4)  # 1 / (2 pi)
+            0.1592
+        """
+        family, mixing, means, covs = self._checked()
+        points = as_float_tensor(points, "points", min_ndim=2)
+        if points.ndim != 2:
+            raise ValueError(f"points must have shape (P, D); got {tuple(points.shape)}")
+        check_same_dtype(points, "points", means, "means")
+        check_same_device(points, "points", means, "means")
+        check_shape_match(points, "points", means, "means", [(-1, -1)])
+        used = mixing > 0
+        eye = torch.eye(means.shape[-1], dtype=means.dtype, device=means.device)
+        V = torch.where(used[..., None, None], covs, eye)
+        mu = torch.where(used[..., None], means, torch.zeros_like(means))
+        Sigma = V if family == "gaussian" else _paraboloid_scale(V)
+        values = continuous_density(points[:, None, :], mu.unsqueeze(-3), Sigma.unsqueeze(-4), family)  # (..., P, K)
+        return (values * torch.where(used, mixing, torch.zeros_like(mixing)).unsqueeze(-2)).sum(-1)
+
+
+def _expected_basis(family, mixing, mu_f, V_f, centers, cov, batch, dtype, n_basis, rule):
+    """``sum_k pi_k E_{p_k}[psi]`` from flattened, validated ``(B K, D)`` means and covariances."""
+    n_quadrature, tol, max_quadrature = rule
+    if family == "gaussian":
+        r = _softmax_flat(mu_f, V_f, centers, cov)
+    else:
+        tol = _default_tol(mu_f.dtype) if tol is None else tol
+        r = _sparsemax_from_S(mu_f, (mu_f.shape[-1] + 4.0) * V_f, centers, cov, n_quadrature, tol, max_quadrature)
+    r = r.reshape(*batch, n_basis).to(dtype)  # batch = (..., K)
+    return torch.einsum("...k,...kn->...n", mixing.to(dtype), r)
+
+
+def _discrete_weights(scores: torch.Tensor, uniform_mix: float) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""``(weights, dead)``: :math:`(1-\epsilon)\operatorname{softmax}(s)+\epsilon u` with :math:`u` uniform on the
+    locations of finite score, and the rows whose scores are all ``-inf`` (given uniform weights, for
+    a finite fit that the caller then zeroes).  Shared by the continuous and multimodal modules."""
+    dead = (scores == -math.inf).all(-1, keepdim=True)
+    safe = torch.where(dead, torch.zeros_like(scores), scores)
+    weights = torch.softmax(safe, dim=-1)
+    if uniform_mix > 0:
+        live = (safe > -math.inf).to(weights.dtype)
+        weights = (1.0 - uniform_mix) * weights + uniform_mix * live / live.sum(-1, keepdim=True)
+    return weights, dead
+
+
+# --------------------------------------------------------------------------------------------
 # the module
 # --------------------------------------------------------------------------------------------
 
 
 class ContinuousAttention(nn.Module):
-    r"""Continuous softmax / sparsemax attention over a grid of locations (§6.2.2, Fig. 6.3).
+    r"""Continuous softmax / sparsemax attention over a grid of locations (§6.2.2 and Fig. 6.3 of Farinhas, 2021).
 
     Given discrete scores :math:`s\in\mathbb R^L` over locations :math:`t_l` and value features
     :math:`h_l\in\mathbb R^d`:
 
-    1. :math:`p=\operatorname{softmax}(s)`; the mean :math:`\mu` and covariance :math:`V` of :math:`p`
-       on the locations (:func:`moment_match`);
-    2. :math:`r=\mathbb E[\psi(t)]` under the Gaussian (:func:`continuous_softmax`,
+    1. discrete weights :math:`w=(1-\epsilon)\operatorname{softmax}(s)+\epsilon\,u` (:math:`u`
+       uniform, :math:`\epsilon=` ``uniform_mix``, 0 by default) and their mean :math:`\mu` and
+       covariance :math:`V` on the locations (moment matching, Alg. 2; :func:`moment_match`):
+       the attention density (:meth:`density`, a :class:`ContinuousDensity` with one component);
+    2. :math:`r=\mathbb E_p[\psi(t)]` under the Gaussian (:func:`continuous_softmax`,
        :math:`\Sigma=V`) or the truncated paraboloid (:func:`continuous_sparsemax`) with mean
-       :math:`\mu` and covariance :math:`V`;
-    3. :math:`B=HG` by ridge regression (:func:`ridge_value_function`; :math:`G` depends only on
-       the locations and the basis, so it is computed once here, as the thesis suggests);
-    4. context :math:`c=Br`.
+       :math:`\mu` and covariance :math:`V` (:meth:`ContinuousDensity.expected_basis`);
+    3. :math:`B=HG` by ridge regression (:func:`ridge_operator`; :math:`G` depends only on the
+       locations and the basis, so it is computed once here, as Fig. 6.3 suggests);
+    4. context :math:`c=Br` (eq. (3.16)).
 
     Args:
         basis: the :class:`GaussianRBF` :math:`\psi` (e.g. ``GaussianRBF.grid(10, 0.001 ** 0.5)``).
         locations: ``(L, D)`` locations of the scores/features (e.g. ``grid_locations(14)``).
         family: ``"gaussian"`` (continuous softmax) or ``"truncated_paraboloid"`` (sparsemax).
-        penalty: ridge penalty :math:`\lambda` (0.01 in the thesis).
+        penalty: ridge penalty :math:`\lambda` (0.01 in Table 6.1 of Farinhas, 2021).
         padding: optional ``(P, D)`` padding locations (:func:`padding_locations`), or ``True``
             to build them for a square grid of side ``round(L ** (1/D))`` on the unit cube.
+        uniform_mix: :math:`\epsilon\in[0,1]`, the weight of the uniform distribution (over the
+            locations of finite score) mixed into the softmax before moment matching; it bounds
+            the covariance away from 0 (a regularizer; not needed for finiteness, see below).
         n_quadrature, tol, max_quadrature: the angular rule of 2D sparsemax, as in
             :func:`continuous_sparsemax` (default: adaptive with the dtype's default tolerance).
 
@@ -2028,11 +2279,12 @@ class ContinuousAttention(nn.Module):
         >>> scores = torch.full((16,), -float("inf"))
         >>> scores[5] = 0.0  # one location: a point mass
         >>> values = torch.eye(16)[:, :3]
-        >>> att(scores, values).shape
-        torch.Size([3])
+        >>> context, density = att(scores, values, return_density=True)
+        >>> context.shape, density.means.tolist(), density.covariances.abs().max().item()
+        (torch.Size([3]), [[0.3333333432674408, 0.3333333432674408]], 0.0)
 
     References:
-        Farinhas (2021), §6.2.2; Martins et al. (2020).
+        Farinhas (2021), §6.2.2, Alg. 2, eqs. (3.16)-(3.17) and Fig. 6.3; Martins et al. (2020).
     """
 
     def __init__(
@@ -2043,6 +2295,7 @@ class ContinuousAttention(nn.Module):
         family: str = "gaussian",
         penalty: float = 0.01,
         padding: torch.Tensor | bool | None = None,
+        uniform_mix: float = 0.0,
         n_quadrature: int | None = DEFAULT_N_QUADRATURE,
         tol: float | None = None,
         max_quadrature: int = DEFAULT_MAX_QUADRATURE,
@@ -2055,6 +2308,7 @@ class ContinuousAttention(nn.Module):
             raise ValueError(f"continuous sparsemax supports D in {{1, 2}}; the basis has D={basis.dim}")
         self.n_quadrature, self.tol, self.max_quadrature = _check_quadrature_args(n_quadrature, tol, max_quadrature)
         self.penalty = check_positive(penalty, "penalty", allow_zero=True)
+        self.uniform_mix = check_number(uniform_mix, "uniform_mix", low=0.0, high=1.0)
         self.basis = basis
         locations = _check_locations(locations, basis).to(device=basis.centers.device, dtype=basis.centers.dtype)
         if padding is True:
@@ -2069,44 +2323,55 @@ class ContinuousAttention(nn.Module):
         self.register_buffer("locations", locations)
         self.register_buffer("ridge_operator", _ridge_operator(locations, basis, self.penalty, padding))
 
+    def _check_scores(self, scores):
+        scores = as_float_tensor(scores, "scores", min_ndim=1)
+        check_shape_match(scores, "scores", self.locations, "locations", [(-1, 0)])
+        check_finite(scores, "scores", allow_neg_inf=True)
+        if scores.numel():
+            require((scores > -math.inf).any(-1).all(), "scores must have at least one finite entry in every row")
+        return scores
+
+    def density(self, scores: torch.Tensor) -> ContinuousDensity:
+        """The attention density of ``(..., L)`` scores: one component, moment-matched (Alg. 2).
+
+        Returns:
+            :class:`ContinuousDensity` with ``mixing (..., 1)`` (ones), ``means (..., 1, D)`` and
+            ``covariances (..., 1, D, D)``, in the dtype of ``scores``.
+
+        Raises:
+            ValueError: ``scores`` with NaN, ``+inf``, a row with no finite entry, or a last
+                dimension other than ``L``.
+            TypeError: non-float ``scores``.
+        """
+        scores = self._check_scores(scores)
+        weights, _ = _discrete_weights(scores, self.uniform_mix)
+        mu, var = _match_moments(weights, self.locations.to(device=weights.device, dtype=weights.dtype))
+        return ContinuousDensity(torch.ones_like(mu[..., :1]), mu.unsqueeze(-2), var.unsqueeze(-3), self.family)
+
     def forward(self, scores: torch.Tensor, values: torch.Tensor, *, return_density: bool = False):
-        """Context vectors ``(..., d)``; with ``return_density=True`` also ``(mu, Sigma)`` of the attention
-        density (``Sigma`` its covariance for the Gaussian, its scale for the truncated paraboloid: 0
-        where the covariance is singular).
+        """Context vectors ``(..., d)``; with ``return_density=True`` also the :class:`ContinuousDensity`.
 
         Raises:
             ValueError: if ``scores`` holds NaN or ``+inf`` or a row with no finite entry, ``values``
                 is not finite, or the shapes do not match the locations.
             TypeError: for non-float tensors.
         """
-        scores = as_float_tensor(scores, "scores", min_ndim=1)
         values = as_float_tensor(values, "values", min_ndim=2)
-        check_shape_match(scores, "scores", self.locations, "locations", [(-1, 0)])
         check_shape_match(values, "values", self.locations, "locations", [(-2, 0)])
-        batch = broadcast_shapes(scores=scores.shape[:-1], values=values.shape[:-2])
-        check_finite(scores, "scores", allow_neg_inf=True)
         check_finite(values, "values")
-        if scores.numel():
-            require((scores > -math.inf).any(-1).all(), "scores must have at least one finite entry in every row")
-        p = torch.softmax(scores, dim=-1)
-        cdt = _compute_dtype(p.dtype)
-        L, D = self.locations.shape
-        mu, var = _match_moments(p, self.locations.to(device=p.device, dtype=p.dtype))
-        centers = self.basis.centers.to(device=p.device, dtype=cdt)
-        cov = self.basis.covariance.to(device=p.device, dtype=cdt)
-        lead = mu.shape[:-1]
-        mu_f, var_f = mu.reshape(-1, D).to(cdt), var.reshape(-1, D, D).to(cdt)
-        if self.family == "gaussian":
-            r = _softmax_flat(mu_f, var_f, centers, cov)
-        else:
-            tol = _default_tol(cdt) if self.tol is None else self.tol
-            r = _sparsemax_from_S(mu_f, (D + 4.0) * var_f, centers, cov, self.n_quadrature, tol, self.max_quadrature)
-        r = r.reshape(*lead, self.basis.n_basis).to(values.dtype)
+        density = self.density(scores)
+        batch = broadcast_shapes(scores=density.mixing.shape[:-1], values=values.shape[:-2])
+        # the density is valid by construction: no second validation of the moments
+        D, cdt = self.locations.shape[-1], _compute_dtype(density.means.dtype)
+        mu_f, V_f = density.means.reshape(-1, D).to(cdt), density.covariances.reshape(-1, D, D).to(cdt)
+        centers = self.basis.centers.to(device=mu_f.device, dtype=cdt)
+        cov = self.basis.covariance.to(device=mu_f.device, dtype=cdt)
+        r = _expected_basis(self.family, density.mixing, mu_f, V_f, centers, cov, density.mixing.shape,
+                            values.dtype, self.basis.n_basis, (self.n_quadrature, self.tol, self.max_quadrature))
         B = torch.einsum("...ld,ln->...dn", values, self.ridge_operator.to(values))  # eq. (3.17)
         context = (B @ r.unsqueeze(-1)).squeeze(-1).expand(*batch, values.shape[-1])
-        if not return_density:
-            return context
-        return context, (mu, var if self.family == "gaussian" else _paraboloid_scale(var))
+        return (context, density) if return_density else context
 
     def extra_repr(self) -> str:
-        return f"family={self.family!r}, n_locations={self.locations.shape[0]}, penalty={self.penalty}"
+        return (f"family={self.family!r}, n_locations={self.locations.shape[0]}, penalty={self.penalty}, "
+                f"uniform_mix={self.uniform_mix}")

@@ -52,7 +52,7 @@ from ._validation import (
     host_reads_allowed,
     require,
 )
-from .continuous import GaussianRBF, _ridge_operator, continuous_softmax
+from .continuous import ContinuousDensity, GaussianRBF, _discrete_weights, _expected_basis, ridge_operator
 
 __all__ = [
     "MultimodalContinuousAttention",
@@ -100,6 +100,14 @@ class MixtureSelection(NamedTuple):
         log_likelihood: ``(...)`` weighted log-likelihood (normalized weights) of the chosen fit.
         criterion: ``(..., K_max - K_min + 1)`` the value of (5.20) for each candidate ``K``
             (best initialization).
+        candidates: the best fit for every candidate ``K`` as a
+            :class:`~attnopt.continuous.ContinuousDensity` with a candidate axis,
+            ``mixing (..., K_max - K_min + 1, K_max)`` (padded with zeros) and so on.
+        penalty: the :math:`\\lambda` of (5.20) that chose ``n_components``.
+
+    The fits do not depend on :math:`\\lambda`: :meth:`with_penalty` chooses again among the same
+    candidates for another penalty, without refitting (how a sweep over :math:`\\lambda`, as in
+    Table 6.4 of Farinhas, 2021, is computed).
     """
 
     n_components: torch.Tensor
@@ -108,6 +116,41 @@ class MixtureSelection(NamedTuple):
     mixing: torch.Tensor
     log_likelihood: torch.Tensor
     criterion: torch.Tensor
+    candidates: ContinuousDensity
+    penalty: float
+
+    @property
+    def density(self) -> ContinuousDensity:
+        """The chosen mixtures as a :class:`~attnopt.continuous.ContinuousDensity` (Gaussian, ``K_max`` components)."""
+        return ContinuousDensity(self.mixing, self.means, self.covariances, "gaussian")
+
+    def with_penalty(self, penalty: float) -> "MixtureSelection":
+        r"""The selection that criterion (5.20) makes with another penalty :math:`\lambda'` among the same fits.
+
+        :math:`\mathcal C'(K)=\mathcal C(K)+(\lambda'-\lambda)K`; ties go to the smaller :math:`K`.
+
+        Raises:
+            TypeError, ValueError: ``penalty`` not a number :math:`\ge0`.
+
+        Example:
+            >>> t = torch.tensor([[0.0, 0.0], [0.1, 0.0], [1.0, 1.0], [1.1, 1.0]], dtype=torch.float64)
+            >>> sel = select_components(t, torch.ones(4, dtype=torch.float64), 2, penalty=0.1,
+            ...                         generator=torch.Generator().manual_seed(0))
+            >>> int(sel.n_components), int(sel.with_penalty(100.0).n_components)
+            (2, 1)
+        """
+        penalty = check_number(penalty, "penalty", low=0.0)
+        k_max, n_candidates = self.means.shape[-2], self.criterion.shape[-1]
+        ks = torch.arange(k_max - n_candidates + 1, k_max + 1, device=self.criterion.device)
+        criterion = self.criterion + (penalty - self.penalty) * ks.to(self.criterion.dtype)
+        choice = criterion.argmin(-1)  # first minimum: ties go to the smaller K
+        pick = lambda x, extra: torch.gather(
+            x, choice.ndim, choice.view(*choice.shape, 1, *([1] * extra)).expand(*choice.shape, 1, *x.shape[choice.ndim + 1:])
+        ).squeeze(choice.ndim)
+        cand = self.candidates
+        ll = (self.penalty * ks.to(self.criterion.dtype) - self.criterion) / 2
+        return MixtureSelection(ks[choice], pick(cand.means, 2), pick(cand.covariances, 3), pick(cand.mixing, 1),
+                                pick(ll, 0), criterion, cand, penalty)
 
 
 # --------------------------------------------------------------------------------------------
@@ -800,6 +843,8 @@ def select_components(
     take = lambda xs, extra: torch.gather(
         torch.stack(xs, dim=len(batch)), len(batch), choice.view(*batch, 1, *([1] * extra)).expand(*batch, 1, *xs[0].shape[len(batch):])
     ).squeeze(len(batch))
+    nb = len(batch)
+    candidates = ContinuousDensity(torch.stack(mix_all, nb), torch.stack(means_all, nb), torch.stack(covs_all, nb))
     return MixtureSelection(
         n_components=ks[choice],
         means=take(means_all, 2),
@@ -807,6 +852,8 @@ def select_components(
         mixing=take(mix_all, 1),
         log_likelihood=torch.gather(ll, -1, choice.unsqueeze(-1)).squeeze(-1),
         criterion=crit,
+        candidates=candidates,
+        penalty=penalty,
     )
 
 
@@ -821,14 +868,19 @@ class MultimodalContinuousAttention(nn.Module):
     Given discrete scores :math:`s\in\mathbb R^L` over locations :math:`t_l` and value features
     :math:`h_l\in\mathbb R^d`:
 
-    1. :math:`w=\operatorname{softmax}(s)`;
+    1. :math:`w=(1-\epsilon)\operatorname{softmax}(s)+\epsilon\,u` (:math:`u` uniform on the
+       locations of finite score, :math:`\epsilon=` ``uniform_mix``, 0 by default);
     2. a Gaussian mixture :math:`(\pi_k,\mu_k,\Sigma_k)_{k\le K}` is fitted to :math:`(t_l,w_l)` by
        :func:`weighted_em` with a fixed number of iterations (K-MCA, ``n_components=K``; initial
        regions as in the thesis by default), or :math:`K` is chosen per example by
        :func:`select_components` (test-MCA, ``n_components="auto"``);
     3. :math:`r_k=\mathbb E_{\mathcal N(\mu_k,\Sigma_k)}[\psi(t)]` by
        :func:`~attnopt.continuous.continuous_softmax`, :math:`r=\sum_k\pi_kr_k` (eq. (5.4));
-    4. :math:`B=HG` by ridge regression as in :func:`~attnopt.continuous.ridge_value_function` (one
+       steps 1--2 are :meth:`density`, which returns the mixture as a
+       :class:`~attnopt.continuous.ContinuousDensity` (the type the unimodal
+       :class:`~attnopt.continuous.ContinuousAttention` returns), and step 3 its
+       :meth:`~attnopt.continuous.ContinuousDensity.expected_basis`;
+    4. :math:`B=HG` by ridge regression (:func:`~attnopt.continuous.ridge_operator`: one
        :math:`B` shared by all components; :math:`G` is computed once, at construction) and the
        context :math:`c=Br=\sum_k\pi_kBr_k` (eq. (5.5)).
 
@@ -849,6 +901,7 @@ class MultimodalContinuousAttention(nn.Module):
             collapsing onto one location would give continuous softmax a singular covariance).
         penalty: ridge penalty of the value function (0.01 in the thesis).
         padding: optional ``(P, D)`` padding locations for the ridge regression.
+        uniform_mix: :math:`\epsilon\in[0,1]` of step 1 (a floor on the weights of every location).
         differentiate_em: see above.
 
     Raises:
@@ -856,7 +909,20 @@ class MultimodalContinuousAttention(nn.Module):
             ``differentiate_em`` not a bool, non-float ``locations``/``padding``.
         ValueError: ``n_components`` neither ``"auto"`` nor an int ``>= 1``, more components
             than locations, an unknown ``init``, negative ``cov_floor``/``penalty``/
-            ``selection_penalty``, ``locations`` or ``padding`` not ``(L, D)`` or not finite.
+            ``selection_penalty``, ``uniform_mix`` outside ``[0, 1]``, ``locations`` or
+            ``padding`` not ``(L, D)`` or not finite.
+
+    Example:
+        >>> from attnopt.continuous import GaussianRBF, grid_locations
+        >>> mca = MultimodalContinuousAttention(GaussianRBF.grid(4, 0.1), grid_locations(8), 2)
+        >>> scores = torch.full((64,), -8.0)
+        >>> scores[[9, 54]] = 0.0  # two separate peaks
+        >>> context, density = mca(scores, torch.randn(64, 5), return_density=True)
+        >>> context.shape, [round(p, 2) for p in density.mixing.tolist()]
+        (torch.Size([5]), [0.5, 0.5])
+
+    References:
+        Farinhas (2021), eqs. (5.3)-(5.5), (5.12)-(5.16), (5.20) and §6.3.
     """
 
     def __init__(
@@ -873,6 +939,7 @@ class MultimodalContinuousAttention(nn.Module):
         cov_floor: float = 1e-6,
         penalty: float = 0.01,
         padding: torch.Tensor | None = None,
+        uniform_mix: float = 0.0,
         differentiate_em: bool = True,
     ):
         super().__init__()
@@ -892,6 +959,7 @@ class MultimodalContinuousAttention(nn.Module):
         self.n_iter = check_int(n_iter, "n_iter")
         self.cov_floor = check_number(cov_floor, "cov_floor", low=0.0)
         self.penalty = check_number(penalty, "penalty", low=0.0)
+        self.uniform_mix = check_number(uniform_mix, "uniform_mix", low=0.0, high=1.0)
         self.differentiate_em = check_bool(differentiate_em, "differentiate_em")
         self.basis = basis
         locations = as_float_tensor(locations, "locations", min_ndim=2)
@@ -911,23 +979,56 @@ class MultimodalContinuousAttention(nn.Module):
         # G of eq. (3.17) depends only on the basis, the locations and the penalty: computed once (in
         # the basis's dtype, as ContinuousAttention does); not saved in the state dict, being derived
         self.register_buffer(
-            "ridge_operator", _ridge_operator(self.locations, basis, self.penalty, self.padding), persistent=False
+            "ridge_operator", ridge_operator(self.locations, basis, self.penalty, padding=self.padding), persistent=False
         )
 
-    def fit_mixture(self, weights: torch.Tensor):
-        """``(mixing, means, covariances)`` of the mixture fitted to ``(..., L)`` weights."""
+    def fit_mixture(self, weights: torch.Tensor) -> ContinuousDensity:
+        """The Gaussian mixture fitted to ``(..., L)`` weights, as a :class:`~attnopt.continuous.ContinuousDensity`."""
         locations = self.locations.to(weights)
         if self.n_components == "auto":
             sel = select_components(
                 locations, weights, self.max_components, self.selection_penalty, self.n_init, self.n_iter,
                 cov_floor=self.cov_floor, tol=None,
             )
-            return sel.mixing, sel.means, sel.covariances
+            return sel.density
         fit = weighted_em(locations, weights, self.n_components, self.n_iter, init=self.init, tol=None, cov_floor=self.cov_floor)
-        return fit.mixing, fit.means, fit.covariances
+        return ContinuousDensity(fit.mixing, fit.means, fit.covariances)
 
-    def forward(self, scores: torch.Tensor, values: torch.Tensor, *, return_mixture: bool = False):
-        """Context vectors ``(..., d)``; with ``return_mixture=True`` also ``(mixing, means, covariances)``.
+    def _check_scores(self, scores):
+        scores = as_float_tensor(scores, "scores", min_ndim=1)
+        check_same_device(scores, "scores", self.locations, "the module (its locations)")
+        check_shape_match(scores, "scores", self.locations, "locations", [(-1, 0)])
+        check_finite(scores, "scores", allow_neg_inf=True)
+        return scores
+
+    def _density(self, scores):
+        weights, dead = _discrete_weights(scores, self.uniform_mix)
+        if self.differentiate_em:
+            density = self.fit_mixture(weights)
+        else:
+            with torch.no_grad():
+                density = self.fit_mixture(weights.detach())
+        # a row with every location masked is fitted on uniform weights and given zero attention
+        return density._replace(mixing=torch.where(dead, torch.zeros_like(density.mixing), density.mixing))
+
+    def density(self, scores: torch.Tensor) -> ContinuousDensity:
+        """The attention density of ``(..., L)`` scores: the mixture fitted to the discrete weights.
+
+        Returns:
+            :class:`~attnopt.continuous.ContinuousDensity` (Gaussian) with ``mixing (..., K)``,
+            ``means (..., K, D)``, ``covariances (..., K, D, D)`` (``K`` is ``max_components``
+            for ``"auto"``; unused components have mixing weight 0); a row of scores that are all
+            ``-inf`` gets mixing weights 0.
+
+        Raises:
+            TypeError: non-float ``scores``.
+            ValueError: ``scores`` with NaN or ``+inf``, a last dimension other than ``L``, another
+                device than the module's.
+        """
+        return self._density(self._check_scores(scores))
+
+    def forward(self, scores: torch.Tensor, values: torch.Tensor, *, return_density: bool = False):
+        """Context vectors ``(..., d)``; with ``return_density=True`` also the :class:`~attnopt.continuous.ContinuousDensity`.
 
         Args:
             scores: ``(..., L)`` scores, finite or ``-inf`` (a masked location gets weight 0).
@@ -946,32 +1047,32 @@ class MultimodalContinuousAttention(nn.Module):
             ValueError: shapes that do not match the locations or do not broadcast, a device other
                 than the module's, NaN or ``+inf`` in ``scores``, NaN or infinities in ``values``.
         """
-        scores = as_float_tensor(scores, "scores", min_ndim=1)
+        scores = self._check_scores(scores)
         values = as_float_tensor(values, "values", min_ndim=2)
         check_same_dtype(values, "values", scores, "scores")
-        check_same_device(scores, "scores", self.locations, "the module (its locations)")
         check_same_device(values, "values", scores, "scores")
-        check_shape_match(scores, "scores", self.locations, "locations", [(-1, 0)])
         check_shape_match(values, "values", self.locations, "locations", [(-2, 0)])
         broadcast_shapes(**{"scores (leading dims)": scores.shape[:-1], "values (leading dims)": values.shape[:-2]})
-        return_mixture = check_bool(return_mixture, "return_mixture")
-        check_finite(scores, "scores", allow_neg_inf=True)
+        return_density = check_bool(return_density, "return_density")
         check_finite(values, "values")
-        # a row with every location masked is fitted on uniform weights and given zero attention
-        dead = (scores == -math.inf).all(-1, keepdim=True)  # (..., 1)
-        w = torch.softmax(torch.where(dead, torch.zeros_like(scores), scores), dim=-1)
-        if self.differentiate_em:
-            mixing, means, covs = self.fit_mixture(w)
-        else:
-            with torch.no_grad():
-                mixing, means, covs = self.fit_mixture(w.detach())
-        r_k = continuous_softmax(means, covs, self.basis)  # (..., K, N)
-        r = torch.einsum("...k,...kn->...n", mixing, r_k)  # eq. (5.4)
+        density = self._density(scores)
+        # the fitted covariances are positive definite by construction (cov_floor): no second validation
+        mu_f, V_f, centers, cov = self._flat(density)
+        r = _expected_basis("gaussian", density.mixing, mu_f, V_f, centers, cov, density.mixing.shape,
+                            values.dtype, self.basis.n_basis, (None, None, None))  # eq. (5.4)
         B = torch.einsum("...ld,ln->...dn", values, self.ridge_operator.to(values))  # eq. (3.17)
-        context = (B @ r.to(values.dtype).unsqueeze(-1)).squeeze(-1)  # eq. (5.5)
-        context = torch.where(dead, torch.zeros_like(context), context)
-        mixing = torch.where(dead, torch.zeros_like(mixing), mixing)
-        return (context, (mixing, means, covs)) if return_mixture else context
+        context = (B @ r.unsqueeze(-1)).squeeze(-1)  # eq. (5.5)
+        return (context, density) if return_density else context
+
+    def _flat(self, density):
+        D = self.locations.shape[-1]
+        cdt = torch.float32 if density.means.dtype in (torch.float16, torch.bfloat16) else density.means.dtype
+        mu_f = density.means.reshape(-1, D).to(cdt)
+        V_f = density.covariances.reshape(-1, D, D).to(cdt)
+        centers = self.basis.centers.to(device=mu_f.device, dtype=cdt)
+        cov = self.basis.covariance.to(device=mu_f.device, dtype=cdt)
+        return mu_f, V_f, centers, cov
 
     def extra_repr(self) -> str:
-        return f"n_components={self.n_components!r}, n_iter={self.n_iter}, init={self.init!r}, n_locations={self.locations.shape[0]}"
+        return (f"n_components={self.n_components!r}, n_iter={self.n_iter}, init={self.init!r}, "
+                f"n_locations={self.locations.shape[0]}, uniform_mix={self.uniform_mix}")

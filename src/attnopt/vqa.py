@@ -1,20 +1,26 @@
 r"""A synthetic visual-question-answering task and small VQA models with swappable output attention.
 
-Chapter 6 of Farinhas's continuous-attention thesis compares the *output attention* of a VQA model
-(the step that pools a :math:`14\times14` grid of image features into one vector) across discrete
-softmax, 2D continuous softmax, 2D continuous sparsemax and multimodal (mixture) continuous attention
-(Tables 6.2--6.4, Figs. 6.4--6.11).  VQA-v2 and a pretrained ResNet are far too heavy for a course
-book, so this module provides a *synthetic* stand-in with the same structure:
+Chapter 6 of Farinhas (2021) compares the *output attention* of a VQA model (the step that pools a
+:math:`14\times14` grid of image features into one vector) across discrete softmax, 2D continuous
+softmax, 2D continuous sparsemax and multimodal (mixture) continuous attention (Tables 6.2--6.4,
+Figs. 6.4--6.11).  VQA-v2 and its pretrained networks are far too heavy for a course, so this module
+provides a synthetic stand-in with the same structure and what VQA-v2 lacks, ground-truth masks:
 
-* :func:`make_batch` / :class:`SyntheticVQA` -- scenes of 2--6 coloured shapes rasterized on an RGB
-  canvas, with questions of the three VQA answer types (``"yes/no"``, ``"number"``, ``"other"``),
-  answers over a shared answer vocabulary, and for every question the ground-truth mask of the
-  objects it is about (at canvas and at grid resolution);
-* :class:`VQAModel` -- a small CNN producing a :math:`14\times14` feature grid, a GRU question
-  encoder, an additive score per cell and one of the heads ``"discrete"``,
-  ``"continuous_softmax"``, ``"continuous_sparsemax"``, ``"mixture"`` and ``"mixture_selected"``
-  (the last two through :mod:`attnopt.mixture`, when it is importable);
-* :func:`attention_map`, :func:`attention_precision`, :func:`train`, :func:`evaluate`.
+* :func:`make_batch` / :class:`SyntheticVQA` -- scenes in the spirit of Sort-of-CLEVR (Santoro et
+  al., 2017): 4--6 objects of distinct colours and one of three shapes on a dark canvas, with
+  questions of the three VQA answer types about one object (``"shape"``, ``"left"``), about two
+  separate objects (``"same_shape"``) and about every object of a shape (``"count"``), and for each
+  question the mask of the objects it is about;
+* :class:`GridEncoder`, :func:`pretrain_encoder`, :func:`encode` -- a small CNN trained once to say,
+  for each cell of a :math:`G\times G` grid, which colour and which shape cover it; its frozen
+  per-cell description (13 numbers, :data:`FEATURES`) plays the part of the frozen grid features
+  every head of Farinhas (2021) shares;
+* :class:`VQAModel` -- a question encoder, a bilinear score per cell and one of the :data:`HEADS`,
+  each a thin adapter over :class:`attnopt.continuous.ContinuousAttention` or
+  :class:`attnopt.mixture.MultimodalContinuousAttention`; :func:`swap_head` reuses a trained model
+  with another head (test-time selection of the number of components, §6.3.1);
+* :func:`train`, :func:`evaluate`, :func:`attention_map`, :func:`attention_precision`,
+  :func:`selection_sweep` (the penalty of criterion (5.20) swept on the model's own weights).
 
 Coordinates.  Grid cell :math:`(i,j)` (row :math:`i`, column :math:`j`) sits at location
 :math:`t=(i,j)/(G-1)\in[0,1]^2` (``continuous.grid_locations(G)``, row-major), so the first
@@ -22,11 +28,15 @@ coordinate of a density's :math:`\mu` is the *row* (downwards) and the second th
 canvas pixel at unit-square position :math:`u\in[0,1]^2` (row, column) is at
 :math:`t=(uG-\tfrac12)/(G-1)`.  Scene objects store their centres as ``(x, y)`` = (column, row)
 in the unit square.
+
+References:
+    Farinhas, A. (2021). *Multimodal Continuous Visual Attention Mechanisms*, chapter 6.
+    Santoro, A. et al. (2017). A simple neural network module for relational reasoning (the
+    Sort-of-CLEVR task).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 import time
@@ -39,7 +49,6 @@ from torch import nn
 
 from ._validation import (
     as_float_tensor,
-    broadcast_shapes,
     check_bool,
     check_choice,
     check_device,
@@ -51,28 +60,21 @@ from ._validation import (
     check_shape_match,
     require,
 )
-from .continuous import (
-    ContinuousAttention,
-    GaussianRBF,
-    continuous_density,
-    continuous_softmax,
-    continuous_sparsemax,
-    grid_locations,
-    moment_match,
-    padding_locations,
-)
+from .continuous import ContinuousAttention, ContinuousDensity, GaussianRBF, grid_locations, padding_locations
+from .mixture import MultimodalContinuousAttention, select_components
 
 __all__ = [
     "ANSWERS",
     "ANSWER_TYPES",
     "COLOURS",
     "FAMILIES",
+    "FEATURES",
     "HEADS",
     "MAX_QUESTION_LENGTH",
     "SHAPES",
-    "SIZES",
     "VOCAB",
     "AttentionOutput",
+    "GridEncoder",
     "SyntheticVQA",
     "VQABatch",
     "VQAModel",
@@ -81,9 +83,12 @@ __all__ = [
     "attention_map",
     "attention_precision",
     "decode",
+    "encode",
     "evaluate",
     "make_batch",
-    "mixture_available",
+    "pretrain_encoder",
+    "selection_sweep",
+    "swap_head",
     "train",
 ]
 
@@ -91,7 +96,7 @@ __all__ = [
 # vocabularies
 # --------------------------------------------------------------------------------------------
 
-#: Colour names and their RGB values (in [0, 1]).
+#: Colour names and their RGB values (in [0, 1]); the objects of a scene have distinct colours.
 COLOURS: tuple[str, ...] = ("red", "green", "blue", "yellow", "purple", "cyan")
 _RGB = (
     (0.90, 0.10, 0.10),
@@ -105,42 +110,53 @@ _BACKGROUND = (0.15, 0.15, 0.15)
 #: Shape names.
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
 _PLURAL = ("circles", "squares", "triangles")
-#: Size names and their radii in the unit square (circle radius; squares and triangles are scaled alike).
-SIZES: tuple[str, ...] = ("small", "large")
-_RADII = (0.065, 0.10)
+_RADIUS = 0.085  # every object: circle radius in the unit square (squares and triangles alike)
 _BOUND = 1.25  # bounding-circle radius / radius, for every shape
 _MARGIN = 0.02  # minimal gap between bounding circles
+_LEFT_MARGIN = 0.05  # "left" questions only about objects at least this far from the middle
 
 #: Answer types, as in VQA-v2.
 ANSWER_TYPES: tuple[str, ...] = ("yes/no", "number", "other")
-#: The answer vocabulary shared by every question (yes/no, counts 1..6, colours, shapes).
-ANSWERS: tuple[str, ...] = ("no", "yes", "1", "2", "3", "4", "5", "6") + COLOURS + SHAPES
-_ANSWER_TYPE_OF = torch.tensor([0, 0] + [1] * 6 + [2] * (len(COLOURS) + len(SHAPES)))
-_A_NO, _A_YES, _A_ONE = 0, 1, 2
-_A_COLOUR = 8
-_A_SHAPE = 8 + len(COLOURS)
+#: The answer vocabulary shared by every question.
+ANSWERS: tuple[str, ...] = ("no", "yes", "1", "2", "3", "4", "5", "6") + SHAPES
+_ANSWER_TYPE_OF = (0, 0) + (1,) * 6 + (2,) * len(SHAPES)
+_A_NO, _A_YES, _A_ONE, _A_SHAPE = 0, 1, 2, 8
 
-#: The question families, each as a pair (name, answer type).
-FAMILIES: tuple[tuple[str, str], ...] = (
-    ("colour_of_shape", "other"),  # what colour is the <shape> ?
-    ("shape_of_colour", "other"),  # what shape is the <colour> object ?
-    ("count_colour", "number"),  # how many <colour> objects are there ?
-    ("count_shape", "number"),  # how many <shape>s are there ?
-    ("exists", "yes/no"),  # is there a <colour> <shape> ?
-    ("left_of", "yes/no"),  # is the <c1> <s1> left of the <c2> <s2> ?
+#: The question families as (name, answer type, template); ``<c>`` is a colour, ``<s>`` a shape.
+FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("shape", "other", "what shape is the <c> object ?"),
+    ("left", "yes/no", "is the <c> object on the left ?"),
+    ("same_shape", "yes/no", "is the <c> object the same shape as the <c> object ?"),
+    ("count", "number", "how many <s>s are there ?"),
 )
-_FAMILY_PROBS = (0.2, 0.2, 0.1, 0.1, 0.2, 0.2)
+_FAMILY_PROBS = (0.3, 0.2, 0.3, 0.2)
 
 #: Question-token vocabulary; id 0 is padding.
 VOCAB: tuple[str, ...] = (
-    "<pad>", "what", "colour", "shape", "is", "the", "object", "objects", "how", "many", "are",
-    "there", "a", "left", "of", "?",
+    "<pad>", "what", "shape", "is", "the", "object", "on", "left", "same", "as", "how", "many", "are",
+    "there", "?",
 ) + COLOURS + SHAPES + _PLURAL
 _TOK = {w: i for i, w in enumerate(VOCAB)}
-MAX_QUESTION_LENGTH = 10
+MAX_QUESTION_LENGTH = 12
+
+#: What the frozen grid features of a cell hold (:class:`GridEncoder`): the probabilities that its
+#: pixels have each colour (or none) and belong to each shape (or none), and its coordinates.
+FEATURES: tuple[str, ...] = COLOURS + ("no colour",) + SHAPES + ("no shape", "row", "column")
 
 #: Output-attention heads of :class:`VQAModel`.
 HEADS: tuple[str, ...] = ("discrete", "continuous_softmax", "continuous_sparsemax", "mixture", "mixture_selected")
+
+
+def _int_ids(values, name: str, what: str) -> torch.Tensor:
+    try:
+        t = torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"{name} must be a tensor or a nested list of {what}; got {type(values).__name__}") from err
+    if t.numel() == 0:
+        t = t.long()
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer {what}; got dtype {t.dtype}")
+    return t
 
 
 def decode(tokens) -> str | list[str]:
@@ -157,17 +173,10 @@ def decode(tokens) -> str | list[str]:
         ValueError: another shape, or an id outside ``[0, len(VOCAB))``.
 
     Example:
-        >>> decode([4, 11, 12, 16, 22, 15, 0, 0])
-        'is there a red circle ?'
+        >>> decode([1, 2, 3, 4, 15, 5, 14, 0, 0])
+        'what shape is the red object ?'
     """
-    try:
-        t = torch.as_tensor(tokens)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise TypeError(f"tokens must be a tensor or a nested list of token ids; got {type(tokens).__name__}") from err
-    if t.numel() == 0:
-        t = t.long()
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"tokens must hold integer token ids; got dtype {t.dtype}")
+    t = _int_ids(tokens, "tokens", "token ids")
     if t.ndim not in (1, 2):
         raise ValueError(f"tokens must have shape (T,) or (n, T); got {tuple(t.shape)}")
     ids = t.reshape(-1).tolist()  # decoding reads the ids anyway
@@ -193,17 +202,10 @@ def answer_text(answers) -> str | list[str]:
         ValueError: an id outside ``[0, len(ANSWERS))``.
 
     Example:
-        >>> answer_text(1), answer_text([2, 8])
-        ('yes', ['1', 'red'])
+        >>> answer_text(1), answer_text([3, 8])
+        ('yes', ['2', 'circle'])
     """
-    try:
-        a = torch.as_tensor(answers)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise TypeError(f"answers must be an int, a tensor or a list of answer ids; got {type(answers).__name__}") from err
-    if a.numel() == 0:
-        a = a.long()
-    if a.is_floating_point() or a.is_complex() or a.dtype == torch.bool:
-        raise TypeError(f"answers must hold integer answer ids; got dtype {a.dtype}")
+    a = _int_ids(answers, "answers", "answer ids")
     ids = a.reshape(-1).tolist()
     bad = [i for i in ids if not 0 <= i < len(ANSWERS)]
     if bad:
@@ -215,54 +217,75 @@ def answer_text(answers) -> str | list[str]:
 # data
 # --------------------------------------------------------------------------------------------
 
+_SCENE_FIELDS = ("images", "labels", "present", "colours", "shapes", "centres", "object_cells")
+
 
 @dataclass
 class VQABatch:
-    """A batch of synthetic VQA examples (all tensors share the leading dimension ``n``).
+    """Synthetic scenes and questions about them (:func:`make_batch`).
+
+    Scene tables have a leading dimension ``S`` (scenes), question tables ``n`` (questions); each
+    question names its scene in ``scene``.  ``len(batch)`` is the number of questions.
 
     Attributes:
-        images: ``(n, 3, H, W)`` float RGB canvases in ``[0, 1]``.
+        images: ``(S, 3, H, W)`` float RGB canvases in ``[0, 1]``.
+        labels: ``(S, H, W)`` int8: the object slot painted on each pixel, ``-1`` for background.
+        present: ``(S, K)`` bool: which object slots hold an object.
+        colours: ``(S, K)`` long colour ids (distinct within a scene).
+        shapes: ``(S, K)`` long shape ids.
+        centres: ``(S, K, 2)`` float ``(x, y)`` = (column, row) in the unit square.
+        object_cells: ``(S, K, G, G)`` bool: the grid cells each object overlaps.
+        scene: ``(n,)`` long: the scene of each question.
         questions: ``(n, T)`` long token ids (:data:`VOCAB`), right-padded with 0.
-        question_lengths: ``(n,)`` long number of non-padding tokens.
         answers: ``(n,)`` long ids into :data:`ANSWERS`.
         answer_types: ``(n,)`` long ids into :data:`ANSWER_TYPES`.
         families: ``(n,)`` long ids into :data:`FAMILIES`.
-        question_attributes: ``(n, 4)`` long ``(colour1, shape1, colour2, shape2)`` named in the
-            question (-1 where not named).
-        masks: ``(n, H, W)`` bool ground-truth mask of the objects the question is about.
-        grid_masks: ``(n, G, G)`` bool: cells that overlap those objects.
-        relevant: ``(n, K)`` bool: which object slots the question is about.
-        present: ``(n, K)`` bool: which object slots hold an object (the scene table).
-        colours: ``(n, K)`` long colour ids of the objects.
-        shapes: ``(n, K)`` long shape ids of the objects.
-        sizes: ``(n, K)`` long size ids of the objects.
-        centres: ``(n, K, 2)`` float ``(x, y)`` = (column, row) in the unit square.
-        radii: ``(n, K)`` float.
+        relevant: ``(n, K)`` bool: the objects the question is about.
     """
 
     images: torch.Tensor
-    questions: torch.Tensor
-    question_lengths: torch.Tensor
-    answers: torch.Tensor
-    answer_types: torch.Tensor
-    families: torch.Tensor
-    question_attributes: torch.Tensor
-    masks: torch.Tensor
-    grid_masks: torch.Tensor
-    relevant: torch.Tensor
+    labels: torch.Tensor
     present: torch.Tensor
     colours: torch.Tensor
     shapes: torch.Tensor
-    sizes: torch.Tensor
     centres: torch.Tensor
-    radii: torch.Tensor
+    object_cells: torch.Tensor
+    scene: torch.Tensor
+    questions: torch.Tensor
+    answers: torch.Tensor
+    answer_types: torch.Tensor
+    families: torch.Tensor
+    relevant: torch.Tensor
 
     def __len__(self) -> int:
         return self.answers.shape[0]
 
+    @property
+    def n_scenes(self) -> int:
+        """The number ``S`` of scenes."""
+        return self.images.shape[0]
+
+    @property
+    def grid(self) -> int:
+        """The side :math:`G` of the feature grid."""
+        return self.object_cells.shape[-1]
+
+    @property
+    def grid_masks(self) -> torch.Tensor:
+        """``(n, G, G)`` bool: the cells that overlap an object the question is about."""
+        cells = self.object_cells[self.scene] & self.relevant[..., None, None]
+        return cells.any(1)
+
+    @property
+    def masks(self) -> torch.Tensor:
+        """``(n, H, W)`` bool: the pixels of the objects the question is about."""
+        labels = self.labels[self.scene].long()  # (n, H, W)
+        on = torch.gather(self.relevant, 1, labels.clamp_min(0).flatten(1)).view_as(labels)
+        return on & (labels >= 0)
+
     def index(self, idx) -> "VQABatch":
-        """The sub-batch at ``idx`` (an index tensor, a slice or a list)."""
-        return VQABatch(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+        """The questions at ``idx`` (an index tensor, a slice or a list), with all the scenes."""
+        return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in _SCENE_FIELDS})
 
     def to(self, device) -> "VQABatch":
         """A copy with every tensor on ``device``."""
@@ -276,191 +299,152 @@ class VQABatch:
         """Answer ``i`` as text."""
         return ANSWERS[int(self.answers[i])]
 
-    def scene_description(self, i: int) -> list[dict]:
-        """Objects of scene ``i`` as dictionaries (colour, shape, size, x, y)."""
-        out = []
-        for k in torch.nonzero(self.present[i]).flatten().tolist():
-            out.append(
-                {
-                    "colour": COLOURS[int(self.colours[i, k])],
-                    "shape": SHAPES[int(self.shapes[i, k])],
-                    "size": SIZES[int(self.sizes[i, k])],
-                    "x": float(self.centres[i, k, 0]),
-                    "y": float(self.centres[i, k, 1]),
-                }
-            )
-        return out
+    def scene_description(self, s: int) -> list[dict]:
+        """Objects of scene ``s`` as dictionaries (slot, colour, shape, x, y)."""
+        return [
+            {"slot": k, "colour": COLOURS[int(self.colours[s, k])], "shape": SHAPES[int(self.shapes[s, k])],
+             "x": float(self.centres[s, k, 0]), "y": float(self.centres[s, k, 1])}
+            for k in range(self.present.shape[1]) if bool(self.present[s, k])
+        ]
 
 
 def _sample_scenes(n, generator, min_objects, max_objects, n_candidates=64):
-    """Scene tables, placed by vectorized rejection sampling (loop over the few object slots)."""
+    """Scene tables: distinct colours, placed by vectorized rejection sampling (a loop over the slots)."""
     dev = generator.device
     K = max_objects
     n_obj = torch.randint(min_objects, max_objects + 1, (n,), generator=generator, device=dev)
-    colours = torch.randint(0, len(COLOURS), (n, K), generator=generator, device=dev)
+    colours = torch.argsort(torch.rand(n, len(COLOURS), generator=generator, device=dev), -1)[:, :K]
     shapes = torch.randint(0, len(SHAPES), (n, K), generator=generator, device=dev)
-    sizes = torch.randint(0, len(SIZES), (n, K), generator=generator, device=dev)
-    radii = torch.tensor(_RADII, device=dev)[sizes]
-    bound = radii * _BOUND
-    cand = torch.rand(n, K, n_candidates, 2, generator=generator, device=dev)
-    lo = bound[..., None, None]
-    cand = lo + cand * (1 - 2 * lo)
+    bound = _RADIUS * _BOUND
+    cand = bound + torch.rand(n, K, n_candidates, 2, generator=generator, device=dev) * (1 - 2 * bound)
     centres = torch.zeros(n, K, 2, device=dev)
     present = torch.zeros(n, K, dtype=torch.bool, device=dev)
-    for k in range(K):  # object slots: at most a handful
+    for k in range(K):  # object slots: at most six
         ok = torch.ones(n, n_candidates, dtype=torch.bool, device=dev)
         if k > 0:
             d = torch.linalg.vector_norm(cand[:, k, :, None, :] - centres[:, None, :k, :], dim=-1)  # (n, M, k)
-            need = bound[:, k, None, None] + bound[:, None, :k] + _MARGIN
-            clash = (d < need) & present[:, None, :k]
-            ok = ~clash.any(-1)
-        found = ok.any(-1)
+            ok = ~((d < 2 * bound + _MARGIN) & present[:, None, :k]).any(-1)
         first = ok.to(torch.int8).argmax(-1)
         centres[:, k] = cand[:, k][torch.arange(n, device=dev), first]
-        present[:, k] = found & (k < n_obj)
-    return present, colours, shapes, sizes, centres, radii
+        present[:, k] = ok.any(-1) & (k < n_obj)
+    return present, colours, shapes, centres
 
 
-def _rasterize(present, shapes, centres, radii, relevant, colours, size):
-    """Paint the objects on ``(n, 3, size, size)`` canvases and return them with ``(n, size, size)`` masks.
-
-    Vectorized over scenes, objects and pixels: every object is rasterized in a square patch
-    around its centre (large enough for the largest object) and scattered into the canvas; the
-    objects do not overlap, so adding their patches paints them.
-    """
-    dev, dt = centres.device, centres.dtype
-    n, K = present.shape
-    P = min(size, int(math.ceil(2 * max(_RADII) * _BOUND * size)) + 2)
-    ar = torch.arange(P, device=dev)
-    origin = (centres * size - P / 2).floor().long().clamp(0, size - P)  # (n, K, 2): (col, row) of the corner
-    cols = origin[..., 0, None] + ar  # (n, K, P)
-    rows = origin[..., 1, None] + ar
-    dx = ((cols.to(dt) + 0.5) / size - centres[..., 0, None]).unsqueeze(-2)  # (n, K, 1, P)
-    dy = ((rows.to(dt) + 0.5) / size - centres[..., 1, None]).unsqueeze(-1)  # (n, K, P, 1)
-    r = radii[..., None, None]
+def _rasterize(present, shapes, centres, colours, size):
+    """``(S, 3, size, size)`` canvases and ``(S, size, size)`` int8 slot labels (objects do not overlap)."""
+    dev = centres.device
+    u = (torch.arange(size, device=dev) + 0.5) / size
+    dx = u.view(1, 1, 1, -1) - centres[..., 0, None, None]  # (S, K, 1, W)
+    dy = u.view(1, 1, -1, 1) - centres[..., 1, None, None]  # (S, K, H, 1)
+    r = _RADIUS
     circle = dx * dx + dy * dy <= r * r
     square = torch.maximum(dx.abs(), dy.abs()) <= 0.85 * r
-    # triangle with its apex up: rows from -r (apex) to 0.75 r (base), half-width growing to r
+    # a triangle with its apex up: rows from -r (apex) to 0.75 r (base), half-width growing to r
     triangle = (dy >= -r) & (dy <= 0.75 * r) & (dx.abs() <= (dy + r) / 1.75)
     s = shapes[..., None, None]
     occ = torch.where(s == 0, circle, torch.where(s == 1, square, triangle)) & present[..., None, None]
-    flat = (rows.unsqueeze(-1) * size + cols.unsqueeze(-2)).reshape(n, 1, K * P * P)  # (n, 1, K P P)
-    rgb = torch.tensor(_RGB, device=dev, dtype=dt)
-    bg = torch.tensor(_BACKGROUND, device=dev, dtype=dt)
-    paint = occ.unsqueeze(2).to(dt) * (rgb[colours] - bg)[..., None, None]  # (n, K, 3, P, P)
-    paint = paint.transpose(1, 2).reshape(n, 3, K * P * P)
-    images = bg[:, None].expand(n, 3, size * size).clone().scatter_add_(-1, flat.expand(n, 3, -1), paint)
-    rel = (occ & relevant[..., None, None]).to(dt).reshape(n, 1, K * P * P)
-    masks = torch.zeros(n, 1, size * size, device=dev, dtype=dt).scatter_add_(-1, flat, rel) > 0
-    return images.reshape(n, 3, size, size), masks.reshape(n, size, size)
+    labels = torch.where(occ.any(1), occ.to(torch.int8).argmax(1).to(torch.int8), torch.tensor(-1, dtype=torch.int8, device=dev))
+    rgb = torch.tensor(_RGB, device=dev)[colours]  # (S, K, 3)
+    bg = torch.tensor(_BACKGROUND, device=dev)
+    images = bg[:, None, None] + torch.einsum("skhw,skc->schw", occ.float(), rgb - bg)
+    return images, labels
 
 
 def _choose(u: float, options: Sequence):
     return options[min(int(u * len(options)), len(options) - 1)]
 
 
-def _make_question(objs, u):
-    """One question about a scene ``objs`` = [(slot, colour, shape, x)], from uniforms ``u``.
+def _make_question(family, objs, u):
+    """One question of ``family`` about ``objs`` = [(slot, colour, shape, x)], from uniforms ``u``,
+    as ``(tokens, answer, relevant_slots)``, or ``None`` if the scene cannot have one."""
+    if family == 0:  # what shape is the <c> object ?
+        k, c, s, _ = _choose(u[0], objs)
+        return ["what", "shape", "is", "the", COLOURS[c], "object", "?"], _A_SHAPE + s, [k]
+    if family == 1:  # is the <c> object on the left ?
+        clear = [o for o in objs if abs(o[3] - 0.5) > _LEFT_MARGIN]
+        if not clear:
+            return None
+        k, c, _, x = _choose(u[0], clear)
+        return ["is", "the", COLOURS[c], "object", "on", "the", "left", "?"], _A_YES if x < 0.5 else _A_NO, [k]
+    if family == 2:  # is the <c1> object the same shape as the <c2> object ?  (yes/no balanced)
+        pairs = [(a, b) for i, a in enumerate(objs) for b in objs[i + 1:]]
+        if not pairs:
+            return None
+        same = [p for p in pairs if p[0][2] == p[1][2]]
+        different = [p for p in pairs if p[0][2] != p[1][2]]
+        a, b = _choose(u[0], same if (u[1] < 0.5 and same) or not different else different)
+        if u[2] < 0.5:
+            a, b = b, a
+        toks = ["is", "the", COLOURS[a[1]], "object", "the", "same", "shape", "as", "the", COLOURS[b[1]], "object", "?"]
+        return toks, _A_YES if a[2] == b[2] else _A_NO, [a[0], b[0]]
+    _, _, s, _ = _choose(u[0], objs)  # how many <s>s are there ?  (size-biased: the shape of an object)
+    rel = [o[0] for o in objs if o[2] == s]
+    return ["how", "many", _PLURAL[s], "are", "there", "?"], _A_ONE + len(rel) - 1, rel
 
-    Returns ``(family, tokens, answer, relevant_slots, attributes)``.
-    """
-    cum, f = 0.0, len(_FAMILY_PROBS) - 1
-    for j, p in enumerate(_FAMILY_PROBS):
-        cum += p
-        if u[0] < cum:
-            f = j
-            break
-    colour_count, shape_count, pair_count = {}, {}, {}
-    for _, c, s, _ in objs:
-        colour_count[c] = colour_count.get(c, 0) + 1
-        shape_count[s] = shape_count.get(s, 0) + 1
-        pair_count[(c, s)] = pair_count.get((c, s), 0) + 1
-    for attempt in range(len(FAMILIES)):  # fall back to the next family when infeasible
-        fam = (f + attempt) % len(FAMILIES)
-        if fam == 0:
-            cands = [o for o in objs if shape_count[o[2]] == 1]
-            if cands:
-                k, c, s, _ = _choose(u[1], cands)
-                toks = ["what", "colour", "is", "the", SHAPES[s], "?"]
-                return fam, toks, _A_COLOUR + c, [k], (-1, s, -1, -1)
-        elif fam == 1:
-            cands = [o for o in objs if colour_count[o[1]] == 1]
-            if cands:
-                k, c, s, _ = _choose(u[1], cands)
-                toks = ["what", "shape", "is", "the", COLOURS[c], "object", "?"]
-                return fam, toks, _A_SHAPE + s, [k], (c, -1, -1, -1)
-        elif fam == 2:
-            _, c, _, _ = _choose(u[1], objs)  # size-biased: larger counts are more frequent
-            rel = [o[0] for o in objs if o[1] == c]
-            toks = ["how", "many", COLOURS[c], "objects", "are", "there", "?"]
-            return fam, toks, _A_ONE + len(rel) - 1, rel, (c, -1, -1, -1)
-        elif fam == 3:
-            _, _, s, _ = _choose(u[1], objs)
-            rel = [o[0] for o in objs if o[2] == s]
-            toks = ["how", "many", _PLURAL[s], "are", "there", "?"]
-            return fam, toks, _A_ONE + len(rel) - 1, rel, (-1, s, -1, -1)
-        elif fam == 4:
-            _, c, s, _ = _choose(u[1], objs)
-            if u[2] < 0.5:  # yes: name an object of the scene
-                rel = [o[0] for o in objs if o[1] == c and o[2] == s]
-                ans = _A_YES
-            else:  # no: change the shape (keep the colour) or the colour (keep the shape)
-                new_s = [t for t in range(len(SHAPES)) if (c, t) not in pair_count]
-                new_c = [t for t in range(len(COLOURS)) if (t, s) not in pair_count]
-                if new_s and (u[3] < 0.5 or not new_c):
-                    s = _choose(u[4], new_s)
-                    rel = [o[0] for o in objs if o[1] == c]
-                else:
-                    c = _choose(u[4], new_c)
-                    rel = [o[0] for o in objs if o[2] == s]
-                ans = _A_NO
-            toks = ["is", "there", "a", COLOURS[c], SHAPES[s], "?"]
-            return fam, toks, ans, rel, (c, s, -1, -1)
-        else:
-            uniq = [o for o in objs if pair_count[(o[1], o[2])] == 1]
-            pairs = [(a, b) for i, a in enumerate(uniq) for b in uniq[i + 1 :] if abs(a[3] - b[3]) > 0.05]
-            if pairs:
-                a, b = _choose(u[1], pairs)
-                if a[3] > b[3]:
-                    a, b = b, a  # now a is left of b
-                ans = _A_YES
-                if u[2] >= 0.5:
-                    a, b, ans = b, a, _A_NO
-                toks = ["is", "the", COLOURS[a[1]], SHAPES[a[2]], "left", "of", "the", COLOURS[b[1]], SHAPES[b[2]], "?"]
-                return fam, toks, ans, [a[0], b[0]], (a[1], a[2], b[1], b[2])
-    raise AssertionError("unreachable: the 'exists' family is always feasible")
+
+def _questions(present, colours, shapes, centres, q_per_scene, generator):
+    """Questions about every scene (a little Python per question over at most six objects)."""
+    n = present.shape[0]
+    total = n * q_per_scene
+    dev = generator.device
+    draws = torch.multinomial(torch.tensor(_FAMILY_PROBS, device=dev), total, replacement=True, generator=generator)
+    u = torch.rand(total, 3, generator=generator, device=dev).tolist()
+    fam_l = draws.tolist()
+    pres, col, shp, x = present.tolist(), colours.tolist(), shapes.tolist(), centres[..., 0].tolist()
+    K = present.shape[1]
+    out = {"questions": [], "answers": [], "families": [], "relevant": []}
+    for i in range(total):
+        s = i // q_per_scene
+        objs = [(k, col[s][k], shp[s][k], x[s][k]) for k in range(K) if pres[s][k]]
+        for attempt in range(len(FAMILIES)):  # an infeasible family falls back to the next one
+            family = (fam_l[i] + attempt) % len(FAMILIES)
+            made = _make_question(family, objs, u[i])
+            if made is not None:
+                break
+        toks, answer, rel = made
+        out["questions"].append([_TOK[w] for w in toks] + [0] * (MAX_QUESTION_LENGTH - len(toks)))
+        out["answers"].append(answer)
+        out["families"].append(family)
+        out["relevant"].append([k in rel for k in range(K)])
+    return {k: torch.tensor(v, dtype=torch.bool if k == "relevant" else torch.long, device=dev) for k, v in out.items()}
 
 
 def make_batch(
-    n: int,
+    n_scenes: int,
     generator: torch.Generator | None = None,
     *,
+    questions_per_scene: int = 10,
     canvas: int = 56,
     grid: int = 14,
-    min_objects: int = 2,
+    min_objects: int = 4,
     max_objects: int = 6,
     noise: float = 0.0,
-    chunk: int = 512,
+    chunk: int = 256,
 ) -> VQABatch:
-    r"""Generate ``n`` synthetic VQA examples (scenes, questions, answers, ground-truth masks).
+    r"""Generate ``n_scenes`` synthetic scenes and ``questions_per_scene`` questions about each.
 
-    Each scene holds 2--6 non-overlapping objects (a shape from :data:`SHAPES`, a colour from
-    :data:`COLOURS`, a size from :data:`SIZES`) on a dark ``canvas``:math:`\times`\ ``canvas`` RGB
-    canvas.  Each question comes from one of the :data:`FAMILIES` (drawn with probabilities
-    0.2/0.2 "other", 0.1/0.1 "number", 0.2/0.2 "yes/no"; an infeasible family for a scene falls
-    back to the next one), is answerable by construction (referents are unique where the question
-    presupposes it) and the yes/no questions are balanced 50/50.  For "no" answers to *"is there a
-    <colour> <shape>?"* the relevant objects are those sharing the kept attribute (the ones a
-    model must inspect to answer).  The grid mask marks the :math:`G\times G` cells (each
-    ``canvas / G`` pixels wide) that overlap a relevant object.
+    A scene holds ``min_objects``--``max_objects`` non-overlapping objects of distinct colours
+    (:data:`COLOURS`), each a circle, square or triangle of one size, on a dark
+    ``canvas``:math:`\times`\ ``canvas`` RGB canvas, as in Sort-of-CLEVR (Santoro et al., 2017).  Each
+    question comes from one of the :data:`FAMILIES`, drawn with probabilities 0.3 (``"shape"``), 0.2
+    (``"left"``), 0.3 (``"same_shape"``) and 0.2 (``"count"``); a family a scene cannot have falls
+    back to the next one.  Questions name objects by their colour, so their referents are unique;
+    ``"left"`` asks only about objects at least 0.05 from the vertical midline; ``"same_shape"``
+    draws a same-shape pair or a different-shape pair with equal probability (when the scene has
+    both); ``"count"`` asks about the shape of a random object (so the answer is at least 1).  The
+    answer of every type is therefore close to uniform given the question text: a model must read
+    the image.  The relevant objects are those the question names (for ``"count"``, every object of
+    the shape).
 
     Args:
-        n: number of examples.
+        n_scenes: number of scenes.
         generator: a seeded :class:`torch.Generator` (its device is the device of the output);
             ``None`` uses a fresh generator seeded with 0.
+        questions_per_scene: questions about each scene (``n = n_scenes * questions_per_scene``).
         canvas: side of the canvas in pixels (a multiple of ``grid``).
-        grid: side of the feature grid (14 in the thesis).
-        min_objects, max_objects: range of the number of objects per scene.
+        grid: side :math:`G` of the feature grid (14, as in Farinhas, 2021).
+        min_objects, max_objects: range of the number of objects per scene
+            (``2 <= min_objects <= max_objects <= 6``).
         noise: standard deviation of Gaussian pixel noise (0 for exact colours).
         chunk: scenes rasterized at once (bounds memory).
 
@@ -468,116 +452,94 @@ def make_batch(
         A :class:`VQABatch`.
 
     Raises:
-        ValueError: on non-positive sizes, ``canvas`` not a multiple of ``grid``, an object range
-            outside ``1 <= min_objects <= max_objects <= 8`` or a negative ``noise``.
         TypeError: non-integer sizes or object counts, a ``generator`` that is not one.
+        ValueError: sizes below 1, ``canvas`` not a multiple of ``grid``, an object range outside
+            ``2 <= min_objects <= max_objects <= 6``, a negative ``noise``.
+
+    Example:
+        >>> data = make_batch(2, torch.Generator().manual_seed(0), questions_per_scene=3)
+        >>> len(data), data.n_scenes, data.images.shape
+        (6, 2, torch.Size([2, 3, 56, 56]))
     """
-    for name, v in (("n", n), ("canvas", canvas), ("grid", grid), ("chunk", chunk)):
+    for name, v in (("n_scenes", n_scenes), ("questions_per_scene", questions_per_scene), ("canvas", canvas),
+                    ("grid", grid), ("chunk", chunk)):
         check_int(v, name)
     if canvas % grid:
         raise ValueError(f"canvas must be a multiple of grid={grid}; got canvas={canvas}")
-    max_objects = check_int(max_objects, "max_objects", 1, 8)
-    min_objects = check_int(min_objects, "min_objects", 1, max_objects)
+    max_objects = check_int(max_objects, "max_objects", 2, len(COLOURS))
+    min_objects = check_int(min_objects, "min_objects", 2, max_objects)
     noise = check_number(noise, "noise", low=0.0)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
     if generator is None:
         generator = torch.Generator().manual_seed(0)
-    dev = generator.device
-    present, colours, shapes, sizes, centres, radii = _sample_scenes(n, generator, min_objects, max_objects)
-    u = torch.rand(n, 5, generator=generator, device=dev).tolist()
-
-    # questions: a little Python per example over at most max_objects objects
-    pres_l, col_l, shp_l, x_l = present.tolist(), colours.tolist(), shapes.tolist(), centres[..., 0].tolist()
-    K = max_objects
-    questions, lengths, answers, families, attrs, relevant = [], [], [], [], [], []
-    for i in range(n):
-        objs = [(k, col_l[i][k], shp_l[i][k], x_l[i][k]) for k in range(K) if pres_l[i][k]]
-        fam, toks, ans, rel, at = _make_question(objs, u[i])
-        ids = [_TOK[w] for w in toks]
-        questions.append(ids + [0] * (MAX_QUESTION_LENGTH - len(ids)))
-        lengths.append(len(ids))
-        answers.append(ans)
-        families.append(fam)
-        attrs.append(at)
-        relevant.append([k in rel for k in range(K)])
-    questions, lengths, answers, families, attrs, relevant = (
-        torch.tensor(t, dtype=torch.bool if t is relevant else torch.long)
-        for t in (questions, lengths, answers, families, attrs, relevant)
-    )
-    questions, lengths, answers, families, attrs, relevant = (
-        t.to(dev) for t in (questions, lengths, answers, families, attrs, relevant)
-    )
-
-    images, masks = [], []
-    for s in range(0, n, chunk):  # chunks bound the (chunk, K, 3, P, P) patch tensor
+    present, colours, shapes, centres = _sample_scenes(n_scenes, generator, min_objects, max_objects)
+    q = _questions(present, colours, shapes, centres, questions_per_scene, generator)
+    images, labels = [], []
+    for s in range(0, n_scenes, chunk):  # chunks bound the (chunk, K, H, W) masks
         sl = slice(s, s + chunk)
-        im, m = _rasterize(present[sl], shapes[sl], centres[sl], radii[sl], relevant[sl], colours[sl], canvas)
+        im, lab = _rasterize(present[sl], shapes[sl], centres[sl], colours[sl], canvas)
         images.append(im)
-        masks.append(m)
-    images, masks = torch.cat(images), torch.cat(masks)
+        labels.append(lab)
+    images, labels = torch.cat(images), torch.cat(labels)
     if noise > 0:
-        images = (images + noise * torch.randn(images.shape, generator=generator, device=dev)).clamp(0, 1)
-    cell = canvas // grid
-    grid_masks = F.max_pool2d(masks[:, None].float(), cell)[:, 0] > 0
+        images = (images + noise * torch.randn(images.shape, generator=generator, device=images.device)).clamp(0, 1)
+    slots = torch.arange(max_objects, device=labels.device, dtype=labels.dtype)
+    pixels = (labels.unsqueeze(1) == slots.view(1, -1, 1, 1)).float()  # (S, K, H, W)
+    object_cells = F.max_pool2d(pixels, canvas // grid) > 0
+    types = torch.tensor(_ANSWER_TYPE_OF, device=q["answers"].device)
     return VQABatch(
-        images=images,
-        questions=questions,
-        question_lengths=lengths,
-        answers=answers,
-        answer_types=_ANSWER_TYPE_OF.to(dev)[answers],
-        families=families,
-        question_attributes=attrs,
-        masks=masks,
-        grid_masks=grid_masks,
-        relevant=relevant,
-        present=present,
-        colours=colours,
-        shapes=shapes,
-        sizes=sizes,
-        centres=centres,
-        radii=radii,
+        images=images, labels=labels, present=present, colours=colours, shapes=shapes, centres=centres,
+        object_cells=object_cells,
+        scene=torch.arange(n_scenes, device=images.device).repeat_interleave(questions_per_scene),
+        questions=q["questions"], answers=q["answers"], answer_types=types[q["answers"]], families=q["families"],
+        relevant=q["relevant"],
     )
 
 
 class SyntheticVQA(torch.utils.data.Dataset):
-    """``n_samples`` synthetic VQA examples generated once from ``seed`` (see :func:`make_batch`).
+    """``n_scenes`` synthetic scenes and their questions, generated once from ``seed`` (see :func:`make_batch`).
 
-    ``dataset[i]`` is a dict of per-example tensors; ``dataset.batch(idx)`` a :class:`VQABatch`;
-    ``dataset.data`` the whole :class:`VQABatch`.  Two datasets with the same arguments are equal.
+    ``dataset[i]`` is a dict of the tensors of question ``i`` (with its image); ``dataset.data`` the
+    whole :class:`VQABatch`.  Two datasets with the same arguments are equal.
 
     Args:
-        n_samples: number of examples.
+        n_scenes: number of scenes.
         seed: seed of the :class:`torch.Generator`.
-        canvas, grid, min_objects, max_objects, noise: as in :func:`make_batch`.
-        device: where the tensors live (the generator runs on CPU, so data are identical on
+        questions_per_scene, canvas, grid, min_objects, max_objects, noise: as in :func:`make_batch`.
+        device: where the tensors live (the generator runs on the CPU, so data are identical on
             every device).
 
     Raises:
-        TypeError, ValueError: as :func:`make_batch` (``n_samples`` for ``n``); a ``seed`` that is
-            not an int in ``[-2**63, 2**64 - 1]``; a ``device`` this machine does not have.
+        TypeError, ValueError: as :func:`make_batch`; a ``seed`` that is not an int in
+            ``[-2**63, 2**64 - 1]``; a ``device`` this machine does not have.
+
+    Example:
+        >>> dataset = SyntheticVQA(3, seed=1, questions_per_scene=2)
+        >>> len(dataset), dataset[0]["image"].shape
+        (6, torch.Size([3, 56, 56]))
     """
 
     def __init__(
         self,
-        n_samples: int,
+        n_scenes: int,
         seed: int = 0,
         *,
+        questions_per_scene: int = 10,
         canvas: int = 56,
         grid: int = 14,
-        min_objects: int = 2,
+        min_objects: int = 4,
         max_objects: int = 6,
         noise: float = 0.0,
         device: torch.device | str | None = None,
     ):
-        n_samples = check_int(n_samples, "n_samples")
+        n_scenes = check_int(n_scenes, "n_scenes")
         seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
         if device is not None:
             device = check_device(device, "device")
         g = torch.Generator().manual_seed(seed)
-        self.data = make_batch(
-            n_samples, g, canvas=canvas, grid=grid, min_objects=min_objects, max_objects=max_objects, noise=noise
-        )
+        self.data = make_batch(n_scenes, g, questions_per_scene=questions_per_scene, canvas=canvas, grid=grid,
+                               min_objects=min_objects, max_objects=max_objects, noise=noise)
         if device is not None:
             self.data = self.data.to(device)
         self.seed, self.canvas, self.grid = int(seed), canvas, grid
@@ -586,15 +548,232 @@ class SyntheticVQA(torch.utils.data.Dataset):
         return len(self.data)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self.data, f.name)[i] for f in fields(self.data)}
+        d = self.data
+        s = d.scene[i]
+        return {"image": d.images[s], "question": d.questions[i], "answer": d.answers[i],
+                "answer_type": d.answer_types[i], "family": d.families[i], "relevant": d.relevant[i],
+                "mask": d.index([i]).masks[0]}
 
-    def batch(self, idx) -> VQABatch:
-        """The examples at ``idx`` as a :class:`VQABatch`."""
-        return self.data.index(idx)
+
+def _as_batch(data, name: str = "data") -> VQABatch:
+    if isinstance(data, SyntheticVQA):
+        data = data.data
+    elif not isinstance(data, VQABatch):
+        raise TypeError(f"{name} must be a SyntheticVQA or VQABatch; got {type(data).__name__}")
+    if len(data) == 0:
+        raise ValueError(f"{name} must hold at least one question")
+    return data
 
 
 # --------------------------------------------------------------------------------------------
-# attention heads
+# frozen grid features
+# --------------------------------------------------------------------------------------------
+
+
+class GridEncoder(nn.Module):
+    r"""A small CNN that describes each cell of a :math:`G\times G` grid of the image in 13 numbers.
+
+    Four 3\ :math:`\times`\ 3 convolutions with batch norm (two with stride 2: a 56-pixel canvas
+    gives a 14\ :math:`\times`\ 14 map, each cell seeing 23 pixels around it) and two 1\ :math:`\times`\ 1
+    classifiers: the colour under the cell (6 colours or none) and the shape (3 shapes or none).
+    :func:`pretrain_encoder` trains them on the coverage of each cell (a task without questions,
+    as an ImageNet classifier is trained without them); the features of a cell (:data:`FEATURES`)
+    are the two predicted distributions and the cell's coordinates.  Every head of a comparison
+    then pools the same frozen features, as the models of Farinhas (2021) pool the same features of
+    a frozen pretrained network.
+
+    Args:
+        grid: side :math:`G` of the output grid.
+        channels: width of the first convolution (the others have twice as many).
+
+    Raises:
+        TypeError: non-integer sizes.
+        ValueError: ``grid`` below 2, ``channels`` below 1.
+
+    Example:
+        >>> encoder = GridEncoder()
+        >>> encoder(torch.rand(2, 3, 56, 56)).shape  # (batch, cells, features)
+        torch.Size([2, 196, 13])
+    """
+
+    def __init__(self, grid: int = 14, channels: int = 16):
+        super().__init__()
+        self.grid = check_int(grid, "grid", minimum=2)
+        c = check_int(channels, "channels")
+        block = lambda cin, cout, stride: [nn.Conv2d(cin, cout, 3, stride, 1), nn.BatchNorm2d(cout), nn.ReLU()]
+        self.body = nn.Sequential(*block(3, c, 2), *block(c, 2 * c, 2), *block(2 * c, 2 * c, 1), *block(2 * c, 2 * c, 1))
+        self.colour = nn.Conv2d(2 * c, len(COLOURS) + 1, 1)
+        self.shape = nn.Conv2d(2 * c, len(SHAPES) + 1, 1)
+        self.register_buffer("coords", grid_locations(self.grid))  # (L, 2): (row, col) in [0, 1]
+
+    def logits(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(colour, shape)`` logits per cell, ``(B, 7, G, G)`` and ``(B, 4, G, G)``."""
+        images = as_float_tensor(images, "images", min_ndim=4)
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"images must have shape (B, 3, H, W); got {tuple(images.shape)}")
+        check_same_device(images, "images", self.coords, "the encoder")
+        check_finite(images, "images")
+        h = F.adaptive_avg_pool2d(self.body(images), self.grid)
+        return self.colour(h), self.shape(h)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, H, W)`` images -> ``(B, G*G, 13)`` features (row-major cells, :data:`FEATURES`)."""
+        colour, shape = self.logits(images)
+        probs = torch.cat([torch.softmax(colour, 1), torch.softmax(shape, 1)], 1).flatten(2).transpose(1, 2)
+        return torch.cat([probs, self.coords.to(probs).expand(probs.shape[0], -1, -1)], -1)
+
+
+def _cell_targets(data: VQABatch, scenes, G: int):
+    """Share of each cell's pixels with each colour (or none) and each shape (or none)."""
+    labels = data.labels[scenes].long()  # (b, H, W)
+    on = labels >= 0
+    k = labels.clamp_min(0).flatten(1)
+    colour = torch.where(on, torch.gather(data.colours[scenes], 1, k).view_as(labels), len(COLOURS))
+    shape = torch.where(on, torch.gather(data.shapes[scenes], 1, k).view_as(labels), len(SHAPES))
+    cell = labels.shape[-1] // G
+    share = lambda c, m: F.avg_pool2d(F.one_hot(c, m).permute(0, 3, 1, 2).float(), cell)
+    return share(colour, len(COLOURS) + 1), share(shape, len(SHAPES) + 1)
+
+
+class _Progress:
+    """A text progress bar on stderr (tqdm's, when installed), or nothing."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm.std import tqdm
+            except ImportError:  # pragma: no cover - tqdm is a dependency of the course
+                tqdm = None
+            if tqdm is not None:
+                self.bar = tqdm(total=total, desc=desc, leave=False, file=sys.stderr, mininterval=0.5)
+
+    def update(self, n: int = 1):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def pretrain_encoder(
+    encoder: GridEncoder,
+    data: SyntheticVQA | VQABatch,
+    *,
+    epochs: int = 3,
+    batch_size: int = 16,
+    lr: float = 1e-2,
+    object_weight: float = 4.0,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, list]:
+    r"""Train ``encoder`` to name the colour and the shape under each grid cell (no question involved).
+
+    The loss of a cell is the cross-entropy of each predicted distribution against the share of
+    the cell's pixels of each colour (or none) and each shape (or none), weighted by
+    :math:`1+\texttt{object\_weight}\cdot(\text{share of the cell on an object})` because most
+    cells are background.  Adam with a one-cycle learning rate.
+
+    Args:
+        encoder: a :class:`GridEncoder` (trained in place, left in eval mode).
+        data: scenes to train on (the questions are ignored).
+        epochs, batch_size, lr: optimization settings.
+        object_weight: the extra weight of object cells (:math:`\ge0`).
+        seed: seeds the shuffling.
+        progress: show a progress bar (stderr).
+
+    Returns:
+        ``{"loss": [...]}``, the mean loss per epoch.
+
+    Raises:
+        TypeError: ``encoder`` not a :class:`GridEncoder`, ``data`` of another type, non-integer
+            counts, ``progress`` not a bool.
+        ValueError: ``epochs``/``batch_size`` below 1, ``lr <= 0``, negative ``object_weight``, a
+            grid that does not divide the canvas.
+
+    Example:
+        >>> encoder = GridEncoder()
+        >>> history = pretrain_encoder(encoder, make_batch(8, questions_per_scene=1), epochs=1)
+        >>> len(history["loss"])
+        1
+    """
+    if not isinstance(encoder, GridEncoder):
+        raise TypeError(f"encoder must be a GridEncoder; got {type(encoder).__name__}")
+    data = _as_batch(data)
+    epochs, batch_size = check_int(epochs, "epochs"), check_int(batch_size, "batch_size")
+    lr = check_number(lr, "lr", low=0.0, low_open=True)
+    object_weight = check_number(object_weight, "object_weight", low=0.0)
+    seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+    check_bool(progress, "progress")
+    if data.images.shape[-1] % encoder.grid:
+        raise ValueError(f"the canvas ({data.images.shape[-1]} px) must be a multiple of the encoder's grid ({encoder.grid})")
+    dev = encoder.coords.device
+    n = data.n_scenes
+    steps = math.ceil(n / batch_size)
+    opt = torch.optim.Adam(encoder.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * steps, pct_start=0.2)
+    g = torch.Generator().manual_seed(seed)
+    encoder.train()
+    history = {"loss": []}
+    bar = _Progress(epochs * steps, "encoder", progress)
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=g).to(data.images.device)
+        total = torch.zeros((), device=dev)
+        for s in range(0, n, batch_size):
+            idx = perm[s:s + batch_size]
+            colour_t, shape_t = (t.to(dev) for t in _cell_targets(data, idx, encoder.grid))
+            weight = 1.0 + object_weight * (1.0 - colour_t[:, -1:])
+            colour, shape = encoder.logits(data.images[idx].to(dev))
+            loss = -(weight * colour_t * F.log_softmax(colour, 1)).sum(1).mean() \
+                - (weight * shape_t * F.log_softmax(shape, 1)).sum(1).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += loss.detach() * len(idx)
+            bar.update()
+        history["loss"].append(float(total) / n)
+    bar.close()
+    encoder.eval()
+    return history
+
+
+@torch.no_grad()
+def encode(encoder: GridEncoder, data: SyntheticVQA | VQABatch, *, batch_size: int = 256) -> torch.Tensor:
+    """The frozen features of every scene of ``data``: ``(S, G*G, 13)`` (:data:`FEATURES`), no gradient.
+
+    Args:
+        encoder: a (pretrained) :class:`GridEncoder`; run in eval mode.
+        data: the scenes.
+        batch_size: scenes per forward pass.
+
+    Returns:
+        ``(S, L, 13)`` on the encoder's device; the features of question ``i`` are
+        ``features[data.scene[i]]``.
+
+    Raises:
+        TypeError: ``encoder`` or ``data`` of another type, ``batch_size`` not an int.
+        ValueError: ``batch_size < 1``, empty data.
+
+    Example:
+        >>> encode(GridEncoder(), make_batch(3, questions_per_scene=1)).shape
+        torch.Size([3, 196, 13])
+    """
+    if not isinstance(encoder, GridEncoder):
+        raise TypeError(f"encoder must be a GridEncoder; got {type(encoder).__name__}")
+    data = _as_batch(data)
+    batch_size = check_int(batch_size, "batch_size")
+    was_training = encoder.training
+    encoder.eval()
+    dev = encoder.coords.device
+    out = torch.cat([encoder(data.images[s:s + batch_size].to(dev)) for s in range(0, data.n_scenes, batch_size)])
+    encoder.train(was_training)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the model and its heads
 # --------------------------------------------------------------------------------------------
 
 
@@ -604,157 +783,30 @@ class AttentionOutput:
 
     Attributes:
         kind: the head name (one of :data:`HEADS`).
-        scores_softmax: ``(B, G, G)`` the discrete softmax of the cell scores (for the
-            ``"discrete"`` head this *is* the attention; for the others it is the input of moment
-            matching / EM).
-        family: ``None`` (discrete), ``"gaussian"`` or ``"truncated_paraboloid"``.
-        mu: ``(B, K, 2)`` component locations (row, column) in grid coordinates, or ``None``.
-        Sigma: ``(B, K, 2, 2)`` component scale matrices (covariances for Gaussians), or ``None``.
-        mix: ``(B, K)`` mixture weights (zeros for unused components; ones for ``K=1``), or ``None``.
+        weights: ``(B, G, G)`` the discrete softmax of the cell scores (for the ``"discrete"``
+            head this *is* the attention; for the others it is what moment matching or EM fits).
+        density: ``None`` (discrete) or the head's
+            :class:`~attnopt.continuous.ContinuousDensity` (means as (row, column) in grid
+            coordinates; unused mixture components have mixing weight 0).
         grid: the grid side :math:`G`.
     """
 
     kind: str
-    scores_softmax: torch.Tensor
-    family: str | None = None
-    mu: torch.Tensor | None = None
-    Sigma: torch.Tensor | None = None
-    mix: torch.Tensor | None = None
+    weights: torch.Tensor
+    density: ContinuousDensity | None = None
     grid: int = 14
 
     @property
     def n_components(self) -> torch.Tensor | None:
         """``(B,)`` number of components with positive weight (``None`` for discrete attention)."""
-        return None if self.mix is None else (self.mix > 0).sum(-1)
+        return None if self.density is None else self.density.n_components
 
     def detach(self) -> "AttentionOutput":
         """A copy with every tensor detached."""
-        return replace(
-            self, **{k: getattr(self, k).detach() for k in ("scores_softmax", "mu", "Sigma", "mix") if getattr(self, k) is not None}
-        )
-
-
-class _DiscreteHead(nn.Module):
-    def __init__(self, grid):
-        super().__init__()
-        self.grid = grid
-
-    def forward(self, scores, values):
-        p = torch.softmax(scores, -1)
-        ctx = torch.einsum("bl,bld->bd", p, values)
-        return ctx, AttentionOutput("discrete", p.unflatten(-1, (self.grid, self.grid)), grid=self.grid)
-
-
-class _ContinuousHead(nn.Module):
-    """Moment matching + continuous softmax/sparsemax + ridge value function (§6.2.2)."""
-
-    def __init__(self, kind, grid, n_basis_per_axis, basis_sigma, penalty, uniform_mix, n_quadrature):
-        super().__init__()
-        self.kind, self.grid, self.uniform_mix, self.n_quadrature = kind, grid, uniform_mix, n_quadrature
-        self.family = "gaussian" if kind == "continuous_softmax" else "truncated_paraboloid"
-        basis = GaussianRBF.grid(n_basis_per_axis, basis_sigma, dim=2)
-        # the module holds the basis, the locations and the (padded) ridge operator G of eq. (3.17)
-        self.attn = ContinuousAttention(
-            basis, grid_locations(grid), family=self.family, penalty=penalty, padding=True, n_quadrature=n_quadrature
-        )
-
-    def forward(self, scores, values):
-        p = torch.softmax(scores, -1)
-        L = p.shape[-1]
-        q = (1 - self.uniform_mix) * p + self.uniform_mix / L  # keeps the covariance away from 0
-        mu, Sigma = moment_match(q, self.attn.locations.to(q), self.family)
-        basis = self.attn.basis
-        if self.family == "gaussian":
-            r = continuous_softmax(mu, Sigma, basis)
-        else:
-            r = continuous_sparsemax(mu, Sigma, basis, self.n_quadrature)
-        B = torch.einsum("bld,ln->bdn", values, self.attn.ridge_operator.to(values))
-        ctx = (B @ r.unsqueeze(-1)).squeeze(-1)
-        att = AttentionOutput(
-            self.kind,
-            p.unflatten(-1, (self.grid, self.grid)),
-            family=self.family,
-            mu=mu.unsqueeze(-2),
-            Sigma=Sigma.unsqueeze(-3),
-            mix=torch.ones_like(mu[..., :1]),
-            grid=self.grid,
-        )
-        return ctx, att
-
-
-def mixture_available() -> bool:
-    """Whether :mod:`attnopt.mixture` (multimodal continuous attention) can be imported.
-
-    Always true: the module is part of the package (kept for code written when it was optional).
-    """
-    try:
-        importlib.import_module("attnopt.mixture")
-    except ImportError:
-        return False
-    return True
-
-
-#: The keyword arguments of :class:`attnopt.mixture.MultimodalContinuousAttention` a
-#: :class:`VQAModel` passes on through ``mixture_kwargs``.
-_MIXTURE_KWARGS = ("cov_floor", "differentiate_em", "init", "max_components", "n_init", "n_iter", "padding", "penalty",
-                   "selection_penalty")
-
-
-def _density_parts(density):
-    """``(mix, mu, Sigma)`` from whatever a multimodal head returns as its density."""
-    if isinstance(density, dict):
-        get = density.get
-        return get("weights", get("pi", get("mix"))), get("mu", get("means")), get("Sigma", get("covariances"))
-    if isinstance(density, (tuple, list)) and len(density) == 3:
-        return tuple(density)
-    for names in (("weights", "mu", "Sigma"), ("pi", "mu", "Sigma"), ("mix", "mu", "Sigma")):
-        if all(hasattr(density, a) for a in names):
-            return tuple(getattr(density, a) for a in names)
-    raise TypeError(f"cannot read (weights, mu, Sigma) from a multimodal density of type {type(density).__name__}")
-
-
-class _MixtureHead(nn.Module):
-    r"""Adapter to :class:`attnopt.mixture.MultimodalContinuousAttention` (K-MCA or test-MCA).
-
-    ``"mixture"`` builds it with ``n_components=K`` (weighted EM with a fixed number of
-    iterations, differentiated end to end); ``"mixture_selected"`` with ``n_components="auto"``
-    and ``max_components=K`` (:func:`attnopt.mixture.select_components` picks :math:`K^\star` per
-    example; unused components have mixing weight 0).  As in the unimodal heads the softmax is
-    mixed with the uniform distribution (passed as scores :math:`\log q`, whose softmax is
-    :math:`q`) and the ridge regression uses padding.  The mixture module is imported lazily, so
-    :mod:`attnopt.vqa` works without it; only this class touches its API.
-    """
-
-    def __init__(self, kind, grid, n_basis_per_axis, basis_sigma, penalty, uniform_mix, n_components, mixture_kwargs):
-        super().__init__()
-        try:
-            mixture = importlib.import_module("attnopt.mixture")
-        except ImportError as err:
-            raise ImportError(f"head={kind!r} needs attnopt.mixture, which is not importable: {err}") from err
-        self.kind, self.grid, self.uniform_mix = kind, grid, uniform_mix
-        basis = GaussianRBF.grid(n_basis_per_axis, basis_sigma, dim=2)
-        kw = dict(mixture_kwargs or {})
-        kw.setdefault("penalty", penalty)
-        kw.setdefault("padding", padding_locations(grid, 2))
-        if kind == "mixture_selected":
-            kw.setdefault("max_components", n_components)
-            n_components = "auto"
-        self.attn = mixture.MultimodalContinuousAttention(basis, grid_locations(grid), n_components, **kw)
-
-    def forward(self, scores, values):
-        p = torch.softmax(scores, -1)
-        q = (1 - self.uniform_mix) * p + self.uniform_mix / p.shape[-1]
-        ctx, density = self.attn(torch.log(q), values, return_mixture=True)
-        mix, mu, Sigma = _density_parts(density)
-        att = AttentionOutput(
-            self.kind, p.unflatten(-1, (self.grid, self.grid)), family="gaussian", mu=mu, Sigma=Sigma, mix=mix, grid=self.grid
-        )
-        return ctx, att
-
-
-# --------------------------------------------------------------------------------------------
-# the model
-# --------------------------------------------------------------------------------------------
+        density = None if self.density is None else self.density._replace(
+            mixing=self.density.mixing.detach(), means=self.density.means.detach(),
+            covariances=self.density.covariances.detach())
+        return replace(self, weights=self.weights.detach(), density=density)
 
 
 @dataclass
@@ -765,73 +817,97 @@ class VQAOutput:
     attention: AttentionOutput
 
 
-class VQAModel(nn.Module):
-    r"""A small VQA model whose output attention is one of :data:`HEADS`.
+#: The keyword arguments of :class:`attnopt.mixture.MultimodalContinuousAttention` a
+#: :class:`VQAModel` passes on through ``mixture_kwargs``.
+_MIXTURE_KWARGS = ("cov_floor", "differentiate_em", "init", "n_init", "n_iter", "selection_penalty")
 
-    Image: three 3\ :math:`\times`\ 3 convolutions with batch norm (two with stride 2), adaptive
-    average pooling to :math:`G\times G`, a 1\ :math:`\times`\ 1 convolution, the mean colour of
-    each cell, batch norm, and the cell's two coordinates (so that the pooled feature can say *where* it looked), giving
-    :math:`L=G^2` features :math:`h_l`.  Question: token embeddings and an MLP (or a GRU), giving
-    :math:`q`.  Scores (product fusion)
-    :math:`s_l = w^\top(\operatorname{relu}(W_h h_l)\odot W_q q)`; the head pools the features into a context
-    :math:`c` (discrete: :math:`c=\sum_l\operatorname{softmax}(s)_l h_l`; continuous:
-    :math:`c=B\,\mathbb E_p[\psi(t)]`, §6.2.2 of the thesis); the answer logits are an MLP of
-    :math:`[W_c c\odot W_q' q,\ q]`.
+
+def _head(kind, grid, basis, penalty, uniform_mix, n_quadrature, n_components, mixture_kwargs):
+    """The library module behind a head (``None`` for discrete attention)."""
+    locations = grid_locations(grid)
+    if kind in ("continuous_softmax", "continuous_sparsemax"):
+        family = "gaussian" if kind == "continuous_softmax" else "truncated_paraboloid"
+        return ContinuousAttention(basis, locations, family=family, penalty=penalty, padding=True,
+                                   uniform_mix=uniform_mix, n_quadrature=n_quadrature)
+    if kind in ("mixture", "mixture_selected"):
+        # a component narrower than a grid cell would fit a single row of cells (see select_components)
+        kw = {"cov_floor": 1.0 / (12 * (grid - 1) ** 2), "n_iter": 2 if kind == "mixture" else 20,
+              "init": "regions", **(mixture_kwargs or {})}
+        k = "auto" if kind == "mixture_selected" else n_components
+        return MultimodalContinuousAttention(basis, locations, k, max_components=n_components, penalty=penalty,
+                                             padding=padding_locations(grid), uniform_mix=uniform_mix, **kw)
+    return None
+
+
+class VQAModel(nn.Module):
+    r"""A small VQA model on frozen grid features whose output attention is one of :data:`HEADS`.
+
+    Question: the sum :math:`e` of its word embeddings (the templates need no word order), and
+    :math:`q=\operatorname{MLP}(e)`.  Scores: :math:`s_l=h_l^\top We`, bilinear in the features
+    :math:`h_l` of cell :math:`l` and the question.  The head pools the features into a context
+    :math:`c`: ``"discrete"`` :math:`c=\sum_l\operatorname{softmax}(s)_lh_l`; the continuous heads
+    :math:`c=B\,\mathbb E_p[\psi(t)]` with :math:`p` moment-matched to the softmax (a Gaussian or
+    a truncated paraboloid, :class:`~attnopt.continuous.ContinuousAttention`, §6.2.2 of Farinhas,
+    2021) or a Gaussian mixture fitted to it by weighted EM
+    (:class:`~attnopt.mixture.MultimodalContinuousAttention`: ``"mixture"`` with ``n_components``
+    components, 2 EM iterations from the upper/lower halves, as the 2-MCA of Farinhas (2021);
+    ``"mixture_selected"`` with :math:`K^\star\le` ``n_components`` chosen per example by (5.20),
+    3 random initializations and 20 iterations per :math:`K`, its test-MCA).  Answer logits: an MLP
+    of :math:`[\operatorname{relu}(W_c\bar c)\odot\operatorname{relu}(W_q q),\ q]`, :math:`\bar c` the
+    context after batch norm.
 
     Args:
         head: one of :data:`HEADS`.
+        feature_dim: dimension of the features (13 for :class:`GridEncoder`).
         grid: side :math:`G` of the feature grid.
-        channels: CNN width.
-        feature_dim: dimension of the CNN features (3 colour and 2 coordinate channels are appended).
-        hidden: question-encoder and fusion width.
-        n_basis_per_axis, basis_sigma: the RBF basis of the continuous heads
-            (``10`` and ``0.001 ** 0.5``: the :math:`N=100` basis of Table 6.1).
+        hidden: question and fusion width.
+        embedding_dim: word-embedding width (embeddings start small, :math:`\mathcal N(0, 0.1^2)`,
+            so that the words the templates share do not dominate the first scores).
+        n_basis_per_axis, basis_sigma: the RBF basis of the continuous heads (``10`` and
+            ``0.001 ** 0.5``: the :math:`N=100` basis of Table 6.1).
         penalty: ridge penalty (0.01).
         uniform_mix: weight :math:`\epsilon` of the uniform distribution mixed into the softmax
-            before moment matching, :math:`(1-\epsilon)p+\epsilon/L`, which keeps the fitted
-            covariance positive definite when the softmax collapses on one cell.
-        n_quadrature: angular nodes for 2D continuous sparsemax; ``None`` (default) is the adaptive
-            rule of :func:`attnopt.continuous.continuous_sparsemax`, accurate to its tolerance in
-            the forward pass and the gradient (a fixed 64 nodes is as fast on a CPU but off by up
-            to 6e-3 in the gradient on elongated ellipses).
-        n_components: :math:`K` for ``"mixture"`` (the maximum :math:`K_{\max}` for ``"mixture_selected"``).
+            before moment matching or EM (0: none).
+        n_quadrature: angular nodes for 2D continuous sparsemax (``None``: the adaptive rule).
+        n_components: :math:`K` for ``"mixture"`` (:math:`K_{\max}` for ``"mixture_selected"``).
         mixture_kwargs: extra keyword arguments for
-            :class:`attnopt.mixture.MultimodalContinuousAttention` (``n_iter``, ``init``,
-            ``selection_penalty``, ``n_init``, ``cov_floor``, ``differentiate_em``, ...).
-        question_encoder: ``"mlp"`` (token embeddings concatenated over the
-            ``MAX_QUESTION_LENGTH`` positions, then an MLP: cheap, and order-aware because the
-            templates are) or ``"gru"`` (embedding + GRU, slower on CPU).
+            :class:`~attnopt.mixture.MultimodalContinuousAttention` (``n_iter``, ``init``,
+            ``selection_penalty``, ``n_init``, ``cov_floor``, ``differentiate_em``).
 
     Raises:
-        ValueError: on an unknown ``head`` or ``question_encoder``, sizes below 1 (``grid``
-            below 2), a non-positive ``basis_sigma``, a negative ``penalty``, ``uniform_mix``
-            outside ``[0, 1]``.
-        TypeError: non-integer sizes, ``mixture_kwargs`` not a dict or with a key
-            :class:`~attnopt.mixture.MultimodalContinuousAttention` does not take.
+        ValueError: an unknown ``head``, sizes below 1 (``grid`` below 2), a non-positive
+            ``basis_sigma``, a negative ``penalty``, ``uniform_mix`` outside ``[0, 1]``.
+        TypeError: non-integer sizes, ``mixture_kwargs`` not a dict or with a key the mixture
+            module does not take.
+
+    Example:
+        >>> model = VQAModel("continuous_sparsemax")
+        >>> features, questions = torch.rand(2, 196, 13), torch.tensor([[1, 2, 3, 4, 15, 5, 14]] * 2)
+        >>> out = model(features, questions)
+        >>> out.logits.shape, out.attention.density.family
+        (torch.Size([2, 11]), 'truncated_paraboloid')
     """
 
     def __init__(
         self,
         head: str = "discrete",
         *,
+        feature_dim: int = len(FEATURES),
         grid: int = 14,
-        channels: int = 16,
-        feature_dim: int = 64,
-        hidden: int = 128,
+        hidden: int = 64,
+        embedding_dim: int = 32,
         n_basis_per_axis: int = 10,
         basis_sigma: float = 0.001**0.5,
         penalty: float = 0.01,
-        uniform_mix: float = 0.01,
+        uniform_mix: float = 0.0,
         n_quadrature: int | None = None,
         n_components: int = 2,
         mixture_kwargs: dict[str, Any] | None = None,
-        question_encoder: str = "mlp",
     ):
         super().__init__()
         check_choice(head, "head", HEADS)
-        check_choice(question_encoder, "question_encoder", ("mlp", "gru"))
         check_int(grid, "grid", minimum=2)
-        for name, value in (("channels", channels), ("feature_dim", feature_dim), ("hidden", hidden),
+        for name, value in (("feature_dim", feature_dim), ("hidden", hidden), ("embedding_dim", embedding_dim),
                             ("n_basis_per_axis", n_basis_per_axis), ("n_components", n_components)):
             check_int(value, name)
         check_number(basis_sigma, "basis_sigma", low=0.0, low_open=True)
@@ -842,129 +918,137 @@ class VQAModel(nn.Module):
                 raise TypeError(f"mixture_kwargs must be a dict or None; got {type(mixture_kwargs).__name__}")
             unknown = sorted(set(mixture_kwargs) - set(_MIXTURE_KWARGS))
             if unknown:
-                raise TypeError(f"mixture_kwargs has keys {unknown} that MultimodalContinuousAttention does not take; "
-                                f"it takes {_MIXTURE_KWARGS}")
-        self.head_name, self.grid = head, grid
-        c = channels
-        self.cnn = nn.Sequential(
-            nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
-            nn.Conv2d(c, 2 * c, 3, stride=2, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(),
-            nn.Conv2d(2 * c, 2 * c, 3, stride=2, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(),
-        )
-        self.proj = nn.Conv2d(2 * c, feature_dim, 1)
-        # batch norm over batch and cells makes the cell-to-cell differences O(1): without it the
-        # attention scores start almost constant and the attention barely learns
-        self.norm = nn.BatchNorm2d(feature_dim + 3)
-        d = feature_dim + 5
-        self.question_encoder = question_encoder
-        self.embed = nn.Embedding(len(VOCAB), 32, padding_idx=0)
-        if question_encoder == "gru":
-            self.gru = nn.GRU(32, hidden, batch_first=True)
-        else:
-            self.q_mlp = nn.Sequential(nn.Linear(32 * MAX_QUESTION_LENGTH, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
-        self.att_h = nn.Linear(d, hidden)
-        self.att_q = nn.Linear(hidden, hidden)
-        self.att_w = nn.Linear(hidden, 1)
-        self.fuse_c = nn.Linear(d, hidden)
+                raise TypeError(f"mixture_kwargs has keys {unknown} that MultimodalContinuousAttention does not take "
+                                f"here; it takes {_MIXTURE_KWARGS}")
+        self.head_name, self.grid, self.feature_dim = head, grid, feature_dim
+        self.config = dict(feature_dim=feature_dim, grid=grid, hidden=hidden, embedding_dim=embedding_dim,
+                           n_basis_per_axis=n_basis_per_axis, basis_sigma=basis_sigma, penalty=penalty,
+                           uniform_mix=uniform_mix, n_quadrature=n_quadrature, n_components=n_components,
+                           mixture_kwargs=mixture_kwargs)
+        self.embed = nn.Embedding(len(VOCAB), embedding_dim, padding_idx=0)
+        nn.init.normal_(self.embed.weight, 0.0, 0.1)
+        with torch.no_grad():
+            self.embed.weight[0].zero_()
+        self.question = nn.Sequential(nn.Linear(embedding_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+        self.query = nn.Linear(embedding_dim, feature_dim)
+        basis = GaussianRBF.grid(n_basis_per_axis, basis_sigma, dim=2)
+        self.attention = _head(head, grid, basis, penalty, uniform_mix, n_quadrature, n_components, mixture_kwargs)
+        self.context_norm = nn.BatchNorm1d(feature_dim)
+        self.fuse_c = nn.Linear(feature_dim, hidden)
         self.fuse_q = nn.Linear(hidden, hidden)
         self.classifier = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, len(ANSWERS)))
-        self.register_buffer("coords", grid_locations(grid))  # (L, 2): (row, col) in [0, 1]
-        if head == "discrete":
-            self.head = _DiscreteHead(grid)
-        elif head in ("continuous_softmax", "continuous_sparsemax"):
-            self.head = _ContinuousHead(head, grid, n_basis_per_axis, basis_sigma, penalty, uniform_mix, n_quadrature)
-        else:
-            self.head = _MixtureHead(
-                head, grid, n_basis_per_axis, basis_sigma, penalty, uniform_mix, n_components, mixture_kwargs
-            )
+        self.register_buffer("device_marker", torch.zeros(()), persistent=False)
 
-    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
-        """``(B, 3, H, W) -> (B, L, d)`` grid features (row-major cells; mean RGB and coordinates appended)."""
-        x = self.proj(F.adaptive_avg_pool2d(self.cnn(images), self.grid))
-        x = self.norm(torch.cat([x, F.adaptive_avg_pool2d(images, self.grid)], 1))  # (B, f + 3, G, G)
-        x = x.flatten(2).transpose(1, 2)  # (B, L, f + 3)
-        coords = self.coords.to(x).expand(x.shape[0], -1, -1)
-        return torch.cat([x, coords], -1)
-
-    def encode_question(self, questions: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """``(B, T)`` token ids -> ``(B, hidden)``: MLP of the concatenated (position-aware) embeddings,
-        or the GRU state after the last non-padding token."""
-        if questions.shape[-1] > MAX_QUESTION_LENGTH:
-            raise ValueError(f"questions must have at most {MAX_QUESTION_LENGTH} tokens; got {questions.shape[-1]}")
-        e = self.embed(questions)
-        if self.question_encoder == "mlp":
-            e = F.pad(e, (0, 0, 0, MAX_QUESTION_LENGTH - e.shape[-2]))
-            return self.q_mlp(e.flatten(-2))
-        out, _ = self.gru(e)
-        if lengths is None:
-            lengths = (questions != 0).sum(-1)
-        idx = (lengths.clamp_min(1) - 1).to(out.device)
-        return out[torch.arange(out.shape[0], device=out.device), idx]
-
-    def forward(self, images: torch.Tensor, questions: torch.Tensor, question_lengths: torch.Tensor | None = None) -> VQAOutput:
-        """Answer logits and attention for a batch (see :class:`VQAOutput`).
-
-        Args:
-            images: ``(B, 3, H, W)`` finite float images.
-            questions: ``(B, T)`` integer token ids in ``[0, len(VOCAB))``, ``T <= MAX_QUESTION_LENGTH``.
-            question_lengths: ``None`` or ``(B,)`` integers in ``[0, T]`` (read by the GRU encoder).
-                All on the model's device.
-
-        Raises:
-            TypeError: non-float ``images``, non-integer ``questions`` or ``question_lengths``.
-            ValueError: shapes other than these, another device, NaN or infinite ``images``, ids
-                or lengths out of range.
-        """
-        images = as_float_tensor(images, "images", min_ndim=4)
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must have shape (B, 3, H, W); got {tuple(images.shape)}")
-        check_same_device(images, "images", self.coords, "the model")
-        check_finite(images, "images")
+    def _check_inputs(self, features, questions):
+        features = as_float_tensor(features, "features", min_ndim=3)
+        L = self.grid * self.grid
+        if features.ndim != 3 or features.shape[1:] != (L, self.feature_dim):
+            raise ValueError(f"features must have shape (B, {L}, {self.feature_dim}); got {tuple(features.shape)}")
+        check_same_device(features, "features", self.device_marker, "the model")
+        check_finite(features, "features")
         if not isinstance(questions, torch.Tensor) or questions.is_floating_point() or questions.is_complex() \
                 or questions.dtype == torch.bool:
             what = f"dtype {questions.dtype}" if isinstance(questions, torch.Tensor) else type(questions).__name__
             raise TypeError(f"questions must be a tensor of integer token ids; got {what}")
         if questions.ndim != 2 or not 1 <= questions.shape[1] <= MAX_QUESTION_LENGTH:
-            raise ValueError(f"questions must have shape (B, T) with 1 <= T <= {MAX_QUESTION_LENGTH}; got {tuple(questions.shape)}")
-        check_shape_match(questions, "questions", images, "images", [(0, 0)])
-        check_same_device(questions, "questions", self.coords, "the model")
+            raise ValueError(f"questions must have shape (B, T) with 1 <= T <= {MAX_QUESTION_LENGTH}; "
+                             f"got {tuple(questions.shape)}")
+        check_shape_match(questions, "questions", features, "features", [(0, 0)])
+        check_same_device(questions, "questions", self.device_marker, "the model")
         require(((questions >= 0) & (questions < len(VOCAB))).all(), f"questions must hold ids in [0, {len(VOCAB)}) (VOCAB)")
-        if question_lengths is not None:
-            if not isinstance(question_lengths, torch.Tensor) or question_lengths.is_floating_point() \
-                    or question_lengths.is_complex() or question_lengths.dtype == torch.bool:
-                raise TypeError("question_lengths must be None or a tensor of integer lengths")
-            if question_lengths.shape != questions.shape[:1]:
-                raise ValueError(f"question_lengths must have shape (B,)=({questions.shape[0]},); got {tuple(question_lengths.shape)}")
-            check_same_device(question_lengths, "question_lengths", self.coords, "the model")
-            require(((question_lengths >= 0) & (question_lengths <= questions.shape[1])).all(),
-                    f"question_lengths must be in [0, {questions.shape[1]}] (the number of tokens)")
-        h = self.encode_image(images)
-        q = self.encode_question(questions, question_lengths)
-        scores = self.att_w(F.relu(self.att_h(h)) * self.att_q(q).unsqueeze(1)).squeeze(-1)  # (B, L)
-        ctx, att = self.head(scores, h)
-        z = torch.cat([F.relu(self.fuse_c(ctx)) * F.relu(self.fuse_q(q)), q], -1)
-        return VQAOutput(self.classifier(z), att)
+        return features, questions
 
-    def forward_batch(self, batch: VQABatch) -> VQAOutput:
-        """``forward`` on a :class:`VQABatch` (moved to the model's device)."""
-        dev = self.coords.device
-        return self(batch.images.to(dev), batch.questions.to(dev), batch.question_lengths.to(dev))
+    def encode_question(self, questions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(query, q)``: the ``(B, feature_dim)`` vector the cell features are scored against, and ``(B, hidden)``."""
+        e = self.embed(questions).sum(-2)
+        return self.query(e), self.question(e)
+
+    def classify(self, context: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Answer logits ``(B, len(ANSWERS))`` from a context ``(B, feature_dim)`` and ``q`` (:meth:`encode_question`)."""
+        c = self.context_norm(context)
+        return self.classifier(torch.cat([F.relu(self.fuse_c(c)) * F.relu(self.fuse_q(q)), q], -1))
+
+    def forward(self, features: torch.Tensor, questions: torch.Tensor) -> VQAOutput:
+        """Answer logits and attention for a batch (see :class:`VQAOutput`).
+
+        Args:
+            features: ``(B, G*G, feature_dim)`` finite grid features (:func:`encode`).
+            questions: ``(B, T)`` integer token ids in ``[0, len(VOCAB))``, ``T <= MAX_QUESTION_LENGTH``.
+                Both on the model's device.
+
+        Raises:
+            TypeError: non-float ``features``, non-integer ``questions``.
+            ValueError: shapes other than these, another device, NaN or infinite features, ids out
+                of range.
+        """
+        features, questions = self._check_inputs(features, questions)
+        query, q = self.encode_question(questions)
+        scores = torch.einsum("bld,bd->bl", features, query.to(features.dtype))
+        weights = torch.softmax(scores, -1)
+        if self.attention is None:
+            context, density = torch.einsum("bl,bld->bd", weights, features), None
+        else:
+            context, density = self.attention(scores, features, return_density=True)
+        attention = AttentionOutput(self.head_name, weights.unflatten(-1, (self.grid, self.grid)), density, self.grid)
+        return VQAOutput(self.classify(context, q), attention)
+
+
+def swap_head(model: VQAModel, head: str, **head_kwargs) -> VQAModel:
+    """A copy of a trained ``model`` with another head (every other weight kept; the copy is not trained).
+
+    Farinhas (2021, §6.3.1) evaluates a model trained with 2D continuous softmax with a mixture
+    whose number of components is chosen per example at test time ("test-MCA"):
+    ``swap_head(model, "mixture_selected")``.
+
+    Args:
+        model: a :class:`VQAModel`.
+        head: one of :data:`HEADS`.
+        **head_kwargs: constructor arguments of :class:`VQAModel` to change (``n_components``,
+            ``mixture_kwargs``, ``uniform_mix``, ...; the sizes stay those of ``model``).
+
+    Returns:
+        A new :class:`VQAModel` on ``model``'s device, in eval mode.
+
+    Raises:
+        TypeError: ``model`` not a :class:`VQAModel`; a keyword it does not take.
+        ValueError: as :class:`VQAModel`.
+
+    Example:
+        >>> test_mca = swap_head(VQAModel("continuous_softmax"), "mixture_selected", n_components=3)
+        >>> test_mca.head_name, test_mca.attention.max_components
+        ('mixture_selected', 3)
+    """
+    if not isinstance(model, VQAModel):
+        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
+    sizes = ("feature_dim", "grid", "hidden", "embedding_dim")
+    bad = sorted(set(head_kwargs) - (set(model.config) - set(sizes)))
+    if bad:
+        raise TypeError(f"swap_head takes head options {sorted(set(model.config) - set(sizes))}; got {bad}")
+    new = VQAModel(head, **{**model.config, **head_kwargs}).to(model.device_marker.device)
+    body = {k: v for k, v in model.state_dict().items() if not k.startswith("attention.")}
+    new.load_state_dict(body, strict=False)
+    return new.eval()
 
 
 # --------------------------------------------------------------------------------------------
 # attention maps and precision
 # --------------------------------------------------------------------------------------------
 
+#: Floor added to the covariances when a density is evaluated on pixels (a softmax on one cell has
+#: covariance 0, a point mass with no values to plot).
+_MAP_FLOOR = 1e-6
+
 
 def attention_map(output: VQAOutput | AttentionOutput, resolution: int | None = None) -> torch.Tensor:
     r"""The attention as a probability distribution over a ``resolution``:math:`^2` grid of the image.
 
     Discrete attention: the softmax weights (``resolution == G``), or their nearest-neighbour
-    upsampling renormalized.  Continuous heads: the density
-    :math:`p(t)=\sum_k\pi_k\,p_k(t)` (Gaussian, eq. (3.12), or truncated paraboloid, eq. (3.14),
-    of the thesis) evaluated at the cell centres of a ``resolution``-grid over the image and
-    normalized to sum to one over those cells -- i.e. the density restricted to the image.  A
-    truncated paraboloid is exactly zero outside its ellipse.
+    upsampling renormalized.  Continuous heads: the density :math:`p(t)=\sum_k\pi_kp_k(t)`
+    (Gaussian, eq. (3.12) of Farinhas, 2021, or truncated paraboloid, eq. (3.14)) evaluated at the
+    cell centres of a ``resolution``-grid over the image and normalized to sum to one over those
+    cells -- the density restricted to the image.  A truncated paraboloid is exactly zero outside
+    its ellipse.  Covariances get :math:`10^{-6}I` added first, so that a softmax peaked on one
+    cell (covariance 0) draws as a tiny blob rather than failing.
 
     Args:
         output: a :class:`VQAOutput` or :class:`AttentionOutput`.
@@ -977,29 +1061,29 @@ def attention_map(output: VQAOutput | AttentionOutput, resolution: int | None = 
     Raises:
         TypeError: ``output`` of another type, ``resolution`` not an int.
         ValueError: ``resolution < 1``.
+
+    Example:
+        >>> out = VQAModel("continuous_softmax")(torch.rand(2, 196, 13), torch.tensor([[1, 2, 3]] * 2))
+        >>> attention_map(out, 56).shape
+        torch.Size([2, 56, 56])
     """
     att = output.attention if isinstance(output, VQAOutput) else output
     if not isinstance(att, AttentionOutput):
         raise TypeError(f"output must be a VQAOutput or AttentionOutput; got {type(output).__name__}")
     G = att.grid
     res = G if resolution is None else check_int(resolution, "resolution")
-    if att.mu is None:
-        w = att.scores_softmax
+    if att.density is None:
+        w = att.weights
         if res != G:
             w = F.interpolate(w.unsqueeze(1), size=(res, res), mode="nearest").squeeze(1)
         return w / w.sum((-2, -1), keepdim=True)
-    mu, Sigma, mix = att.mu, att.Sigma, att.mix
-    u = (torch.arange(res, device=mu.device, dtype=mu.dtype) + 0.5) / res
+    density = att.density
+    dev, dt = density.means.device, density.means.dtype
+    u = (torch.arange(res, device=dev, dtype=dt) + 0.5) / res
     t1 = (u * G - 0.5) / (G - 1)  # image unit coordinate -> grid location coordinate
-    tt = torch.stack(torch.meshgrid(t1, t1, indexing="ij"), -1).reshape(-1, 2)  # (P, 2) (row, col)
-    used = mix > 0
-    eye = torch.eye(2, device=mu.device, dtype=mu.dtype)
-    # unused (zero-weight) components may carry placeholder parameters: evaluate them as N(0, I)
-    Sigma_safe = torch.where(used[..., None, None], Sigma, eye)
-    mu_safe = torch.where(used[..., None], mu, torch.zeros_like(mu))
-    dens = continuous_density(tt[:, None, None, :], mu_safe, Sigma_safe, att.family or "gaussian")  # (P, B, K)
-    dens = (dens * torch.where(used, mix, torch.zeros_like(mix))).sum(-1)  # (P, B)
-    m = dens.T.reshape(-1, res, res)
+    points = torch.stack(torch.meshgrid(t1, t1, indexing="ij"), -1).reshape(-1, 2)  # (P, 2) (row, col)
+    floored = density._replace(covariances=density.covariances + _MAP_FLOOR * torch.eye(2, device=dev, dtype=dt))
+    m = floored.pdf(points).reshape(-1, res, res)
     total = m.sum((-2, -1), keepdim=True)
     return m / total.clamp_min(torch.finfo(m.dtype).tiny)
 
@@ -1021,7 +1105,15 @@ def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> t
             bools or numbers.
         ValueError: NaN, infinite or negative attention, NaN or infinite mask entries, an empty
             grid, leading dimensions that do not broadcast.
+
+    Example:
+        >>> mask = torch.zeros(4, 4, dtype=torch.bool)
+        >>> mask[:2] = True
+        >>> attention_precision(torch.ones(4, 4), mask).item()
+        0.5
     """
+    from ._validation import broadcast_shapes
+
     a = as_float_tensor(attention_map, "attention_map", min_ndim=2)
     if a.shape[-2] < 1 or a.shape[-1] < 1:
         raise ValueError(f"attention_map must have shape (..., H, W) with H, W >= 1; got {tuple(a.shape)}")
@@ -1056,178 +1148,264 @@ def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> t
 # --------------------------------------------------------------------------------------------
 
 
-def _as_batch(data, name: str = "data") -> VQABatch:
-    if isinstance(data, SyntheticVQA):
-        data = data.data
-    elif not isinstance(data, VQABatch):
-        raise TypeError(f"{name} must be a SyntheticVQA or VQABatch; got {type(data).__name__}")
-    if len(data) == 0:
-        raise ValueError(f"{name} must hold at least one example")
-    return data
-
-
-class _Progress:
-    """tqdm when importable, else a one-line printer."""
-
-    def __init__(self, total, desc, enabled):
-        self.bar, self.total, self.n, self.desc, self.enabled = None, total, 0, desc, enabled
-        self.t0, self.last = time.time(), 0.0
-        if enabled:
-            try:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total, desc=desc, leave=True)
-            except ImportError:
-                self.bar = None
-
-    def update(self, postfix: str):
-        self.n += 1
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.set_postfix_str(postfix, refresh=False)
-            self.bar.update(1)
-        elif time.time() - self.last > 1.0 or self.n == self.total:
-            self.last = time.time()
-            print(f"\r{self.desc}: {self.n}/{self.total} {postfix} [{time.time() - self.t0:.0f}s]", end="", file=sys.stderr)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-        elif self.enabled:
-            print(file=sys.stderr)
+def _check_features(features, data: VQABatch, model: VQAModel, name: str = "features") -> torch.Tensor:
+    features = as_float_tensor(features, name, min_ndim=3)
+    L = model.grid * model.grid
+    if features.ndim != 3 or features.shape[0] != data.n_scenes or features.shape[1:] != (L, model.feature_dim):
+        raise ValueError(f"{name} must have shape (S, {L}, {model.feature_dim}) with S = {data.n_scenes} scenes; "
+                         f"got {tuple(features.shape)}")
+    return features
 
 
 def train(
     model: VQAModel,
-    train_data: SyntheticVQA | VQABatch,
+    data: SyntheticVQA | VQABatch,
+    features: torch.Tensor,
     *,
-    epochs: int = 5,
-    batch_size: int = 64,
-    lr: float = 2e-3,
+    epochs: int = 3,
+    batch_size: int = 128,
+    lr: float = 3e-3,
+    weight_decay: float = 0.0,
     seed: int = 0,
-    device: torch.device | str | None = None,
-    progress: bool = True,
-    weight_decay: float = 1e-4,
-    eval_data: SyntheticVQA | VQABatch | None = None,
+    progress: bool = False,
     attention_supervision: float = 0.0,
 ) -> dict[str, list]:
-    r"""Train ``model`` with Adam(W) on the cross-entropy of the answers.
+    r"""Train ``model`` on the answers (cross-entropy), with Adam(W) and a one-cycle learning rate.
 
     Args:
-        model: a :class:`VQAModel` (moved to ``device``).
-        train_data: a :class:`SyntheticVQA` or :class:`VQABatch`.
+        model: a :class:`VQAModel` (trained in place on its device, left in eval mode).
+        data: the questions.
+        features: ``(S, G*G, feature_dim)`` frozen features of ``data``'s scenes (:func:`encode`).
         epochs, batch_size, lr, weight_decay: optimization settings.
         seed: seeds the shuffling (a :class:`torch.Generator`) and ``torch.manual_seed``.
-        device: where to train (default: the model's device).
-        progress: show a progress bar (tqdm if importable, else a printed line).
-        eval_data: if given, :func:`evaluate` runs on it after each epoch.
+        progress: show a progress bar (tqdm's text bar, on stderr).
         attention_supervision: weight :math:`\beta\ge0` of an auxiliary loss
-            :math:`-\beta\log\sum_{l\in M}p_l` on the discrete softmax :math:`p` of the cell
-            scores (the input of every head) with the ground-truth grid mask :math:`M`.  Not part
-            of the thesis's training (0 by default); it makes the attention focus within a
-            small CPU budget.
-
-    The library does not touch torch's thread settings; on a small shared CPU,
-    ``torch.set_num_threads(1)`` before training is often several times faster than the default.
+            :math:`-\beta\log\sum_{c\in M}a_c` on the head's *own* attention :math:`a`
+            (:func:`attention_map` at the grid's resolution: the softmax for discrete attention,
+            the density at the cell centres for the others) with the ground-truth grid mask
+            :math:`M`.  Not part of the training in Farinhas (2021) (0 by default).
 
     Returns:
-        The training history as a dict with ``"loss"`` (mean per epoch), ``"accuracy"`` (train, per epoch), ``"step_loss"``,
-        ``"epoch_time"`` (seconds) and, with ``eval_data``, ``"eval"`` (list of dicts).
+        ``{"loss", "accuracy", "epoch_time"}``: per epoch, the mean training loss, the training
+        accuracy and the seconds.
 
     Raises:
         TypeError: ``model`` not a :class:`VQAModel`, data of another type, non-integer
             ``epochs``/``batch_size``/``seed``, ``progress`` not a bool.
-        ValueError: empty data, ``epochs`` or ``batch_size`` below 1, ``lr <= 0``, negative
-            ``weight_decay`` or ``attention_supervision``, a ``seed`` outside
-            ``[-2**63, 2**64 - 1]``, a ``device`` this machine does not have.
-    """
-    if not isinstance(model, VQAModel):
-        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
-    data = _as_batch(train_data, "train_data")
-    if eval_data is not None:
-        _as_batch(eval_data, "eval_data")
-    check_int(epochs, "epochs")
-    check_int(batch_size, "batch_size")
-    check_int(seed, "seed", -(2**63), 2**64 - 1)
-    check_bool(progress, "progress")
-    lr = check_number(lr, "lr", low=0.0, low_open=True)
-    weight_decay = check_number(weight_decay, "weight_decay", low=0.0)
-    attention_supervision = check_number(attention_supervision, "attention_supervision", low=0.0)
-    device = check_device(device, "device") if device is not None else model.coords.device
-    model.to(device)
-    torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    n = len(data)
-    steps = math.ceil(n / batch_size)
-    hist: dict[str, list] = {"loss": [], "accuracy": [], "step_loss": [], "epoch_time": []}
-    if eval_data is not None:
-        hist["eval"] = []
-    for ep in range(epochs):
-        model.train()
-        t0 = time.time()
-        perm = torch.randperm(n, generator=g)
-        bar = _Progress(steps, f"{model.head_name} epoch {ep + 1}/{epochs}", progress)
-        tot_loss, tot_correct = 0.0, 0
-        for s in range(steps):
-            idx = perm[s * batch_size : (s + 1) * batch_size]
-            b = data.index(idx.to(data.answers.device))
-            out = model.forward_batch(b)
-            y = b.answers.to(device)
-            loss = F.cross_entropy(out.logits, y)
-            if attention_supervision > 0:
-                on_mask = (out.attention.scores_softmax * b.grid_masks.to(device)).sum((-2, -1))
-                loss = loss + attention_supervision * -torch.log(on_mask.clamp_min(1e-12)).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            tot_loss += loss.item() * len(idx)
-            tot_correct += (out.logits.argmax(-1) == y).sum().item()
-            hist["step_loss"].append(loss.item())
-            bar.update(f"loss={loss.item():.3f}")
-        bar.close()
-        hist["loss"].append(tot_loss / n)
-        hist["accuracy"].append(tot_correct / n)
-        hist["epoch_time"].append(time.time() - t0)
-        if eval_data is not None:
-            hist["eval"].append(evaluate(model, eval_data))
-    return hist
+        ValueError: empty data, ``features`` of another shape or device, ``epochs`` or
+            ``batch_size`` below 1, ``lr <= 0``, negative ``weight_decay`` or
+            ``attention_supervision``, a ``seed`` outside ``[-2**63, 2**64 - 1]``.
 
-
-@torch.no_grad()
-def evaluate(model: VQAModel, data: SyntheticVQA | VQABatch, *, batch_size: int = 256) -> dict[str, float]:
-    """Accuracy overall and by answer type, and mean attention precision on the grid masks.
-
-    Returns:
-        ``{"overall", "yes/no", "number", "other", "attention_precision", "n"}`` (accuracies in
-        [0, 1]; a type absent from ``data`` gets ``nan``).
-
-    Raises:
-        TypeError: ``model`` not a :class:`VQAModel`, ``data`` of another type, ``batch_size``
-            not an int.
-        ValueError: empty ``data``, ``batch_size < 1``.
+    Example:
+        >>> data = make_batch(4, questions_per_scene=4)
+        >>> features = encode(GridEncoder(), data)
+        >>> history = train(VQAModel(), data, features, epochs=2, batch_size=8)
+        >>> len(history["loss"])
+        2
     """
     if not isinstance(model, VQAModel):
         raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
     data = _as_batch(data)
-    batch_size = check_int(batch_size, "batch_size")
-    was_training = model.training
+    features = _check_features(features, data, model)
+    epochs, batch_size = check_int(epochs, "epochs"), check_int(batch_size, "batch_size")
+    seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+    check_bool(progress, "progress")
+    lr = check_number(lr, "lr", low=0.0, low_open=True)
+    weight_decay = check_number(weight_decay, "weight_decay", low=0.0)
+    beta = check_number(attention_supervision, "attention_supervision", low=0.0)
+    dev = model.device_marker.device
+    check_same_device(features, "features", model.device_marker, "the model")
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    n = len(data)
+    steps = math.ceil(n / batch_size)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * steps, pct_start=0.2)
+    history: dict[str, list] = {"loss": [], "accuracy": [], "epoch_time": []}
+    bar = _Progress(epochs * steps, model.head_name, progress)
+    model.train()
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        perm = torch.randperm(n, generator=g).to(data.answers.device)
+        total_loss, correct = torch.zeros((), device=dev), torch.zeros((), device=dev)
+        for s in range(0, n, batch_size):
+            idx = perm[s:s + batch_size]
+            out = model(features[data.scene[idx]].to(dev), data.questions[idx].to(dev))
+            y = data.answers[idx].to(dev)
+            loss = F.cross_entropy(out.logits, y)
+            if beta > 0:
+                on_mask = (attention_map(out) * data.index(idx).grid_masks.to(dev)).sum((-2, -1))
+                loss = loss - beta * torch.log(on_mask.clamp_min(1e-12)).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            total_loss += loss.detach() * len(idx)
+            correct += (out.logits.argmax(-1) == y).sum()
+            bar.update()
+        history["loss"].append(float(total_loss) / n)
+        history["accuracy"].append(float(correct) / n)
+        history["epoch_time"].append(time.perf_counter() - t0)
+    bar.close()
     model.eval()
-    dev = model.coords.device
-    correct, types, prec = [], [], []
-    for s in range(0, len(data), batch_size):
-        b = data.index(slice(s, s + batch_size))
-        out = model.forward_batch(b)
-        correct.append((out.logits.argmax(-1) == b.answers.to(dev)).cpu())
-        types.append(b.answer_types.cpu())
-        prec.append(attention_precision(attention_map(out), b.grid_masks.to(dev)).cpu())
-    model.train(was_training)
-    correct, types, prec = torch.cat(correct).float(), torch.cat(types), torch.cat(prec)
+    return history
+
+
+def _summary(correct, types, families, precision) -> dict[str, float]:
     res = {"overall": correct.mean().item()}
     for k, name in enumerate(ANSWER_TYPES):
         sel = types == k
         res[name] = correct[sel].mean().item() if sel.any() else float("nan")
-    res["attention_precision"] = prec.mean().item()
-    res["n"] = len(data)
+    for k, (name, _, _) in enumerate(FAMILIES):
+        sel = families == k
+        res[name] = correct[sel].mean().item() if sel.any() else float("nan")
+    if precision is not None:
+        res["attention_precision"] = precision.mean().item()
+    res["n"] = int(correct.numel())
     return res
+
+
+@torch.no_grad()
+def evaluate(model: VQAModel, data: SyntheticVQA | VQABatch, features: torch.Tensor, *,
+             batch_size: int = 500) -> dict[str, float]:
+    """Accuracy overall, by answer type and by question family, and the mean attention precision.
+
+    Args:
+        model: a :class:`VQAModel` (evaluated in eval mode).
+        data: the questions.
+        features: ``(S, G*G, feature_dim)`` frozen features of ``data``'s scenes.
+        batch_size: questions per forward pass.
+
+    Returns:
+        ``{"overall", "yes/no", "number", "other", "shape", "left", "same_shape", "count",
+        "attention_precision", "n"}``: accuracies in [0, 1] (``nan`` for a type absent from
+        ``data``), the mean share of the attention (:func:`attention_map` at the grid's
+        resolution) on the cells of the relevant objects, and the number of questions.
+
+    Raises:
+        TypeError: ``model`` not a :class:`VQAModel`, ``data`` of another type, ``batch_size``
+            not an int.
+        ValueError: empty ``data``, ``features`` of another shape, ``batch_size < 1``.
+
+    Example:
+        >>> data = make_batch(2, questions_per_scene=3)
+        >>> result = evaluate(VQAModel(), data, encode(GridEncoder(), data))
+        >>> result["n"], 0 <= result["overall"] <= 1
+        (6, True)
+    """
+    if not isinstance(model, VQAModel):
+        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
+    data = _as_batch(data)
+    features = _check_features(features, data, model)
+    batch_size = check_int(batch_size, "batch_size")
+    was_training = model.training
+    model.eval()
+    dev = model.device_marker.device
+    correct, precision = [], []
+    for s in range(0, len(data), batch_size):
+        b = data.index(slice(s, s + batch_size))
+        out = model(features[b.scene].to(dev), b.questions.to(dev))
+        correct.append((out.logits.argmax(-1) == b.answers.to(dev)).cpu())
+        precision.append(attention_precision(attention_map(out), b.grid_masks.to(dev)).cpu())
+    model.train(was_training)
+    return _summary(torch.cat(correct).float(), data.answer_types.cpu(), data.families.cpu(), torch.cat(precision))
+
+
+@torch.no_grad()
+def selection_sweep(
+    model: VQAModel,
+    data: SyntheticVQA | VQABatch,
+    features: torch.Tensor,
+    penalties: Sequence[float],
+    *,
+    max_components: int | None = None,
+    n_init: int = 3,
+    n_iter: int = 20,
+    seed: int = 0,
+    batch_size: int = 500,
+) -> dict[float, dict]:
+    r"""Test-time selection of the number of components for several penalties :math:`\lambda` of (5.20).
+
+    For every question the model's own discrete weights are fitted once by
+    :func:`attnopt.mixture.select_components` (:math:`K=1,\dots,K_{\max}`, ``n_init`` random
+    initializations per :math:`K>1`); each penalty then picks :math:`K^\star` among the same fits
+    (:meth:`attnopt.mixture.MixtureSelection.with_penalty`), and the model answers with the context
+    of that mixture (eq. (5.5)), as test-MCA does in §6.3.1 of Farinhas (2021).  The classifier is
+    the model's: use a model trained with continuous softmax (or :func:`swap_head` of one).
+
+    Args:
+        model: a :class:`VQAModel` with a continuous head (its basis, ridge operator and
+            covariance floor are used; ``"mixture"``/``"mixture_selected"`` heads give
+            :math:`K_{\max}`, ``n_iter`` and ``cov_floor`` defaults).
+        data, features: the questions and their scenes' features.
+        penalties: the values of :math:`\lambda\ge0` (per component, in units of
+            :math:`-2\ell_w` with weights normalized to sum to one).
+        max_components: :math:`K_{\max}` (default: the model's ``n_components``).
+        n_init, n_iter: initializations per :math:`K>1` and EM iterations per fit.
+        seed: seeds the random initializations.
+        batch_size: questions per fit.
+
+    Returns:
+        A dict from each penalty to a dict with ``"k_star_shares"`` (the shares of
+        :math:`K^\star=1,\dots,K_{\max}`, a list), the accuracies ``"overall"``, ``"yes/no"``,
+        ``"number"``, ``"other"`` and per question family, and the number of questions ``"n"``.
+
+    Raises:
+        TypeError: ``model`` not a :class:`VQAModel`, ``penalties`` not a sequence of numbers,
+            non-integer counts.
+        ValueError: a discrete head, a negative penalty, empty ``penalties``, counts below 1,
+            ``features`` of another shape.
+
+    Example:
+        >>> data = make_batch(2, questions_per_scene=3)
+        >>> sweep = selection_sweep(VQAModel("continuous_softmax"), data, encode(GridEncoder(), data),
+        ...                         [0.1, 10.0], max_components=2, n_iter=3)
+        >>> sweep[10.0]["k_star_shares"]
+        [1.0, 0.0]
+    """
+    if not isinstance(model, VQAModel):
+        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
+    if model.attention is None:
+        raise ValueError("model must have a continuous head (its basis and ridge operator); got 'discrete'")
+    data = _as_batch(data)
+    features = _check_features(features, data, model)
+    if isinstance(penalties, (str, bytes)) or not hasattr(penalties, "__iter__"):
+        raise TypeError(f"penalties must be a sequence of numbers; got {type(penalties).__name__}")
+    penalties = [check_number(p, "penalties", low=0.0) for p in penalties]
+    if not penalties:
+        raise ValueError("penalties must hold at least one value")
+    head = model.attention
+    k_max = check_int(model.config["n_components"] if max_components is None else max_components, "max_components")
+    n_init, n_iter = check_int(n_init, "n_init"), check_int(n_iter, "n_iter")
+    seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+    batch_size = check_int(batch_size, "batch_size")
+    cov_floor = getattr(head, "cov_floor", 1.0 / (12 * (model.grid - 1) ** 2))
+    was_training = model.training
+    model.eval()
+    dev = model.device_marker.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    locations = head.locations
+    k_star = {p: [] for p in penalties}
+    correct = {p: [] for p in penalties}
+    for s in range(0, len(data), batch_size):
+        b = data.index(slice(s, s + batch_size))
+        h, questions = features[b.scene].to(dev), b.questions.to(dev)
+        query, q = model.encode_question(questions)
+        weights = torch.softmax(torch.einsum("bld,bd->bl", h, query.to(h.dtype)), -1)
+        fits = select_components(locations.to(weights), weights, k_max, penalties[0], n_init, n_iter,
+                                 cov_floor=cov_floor, generator=g)
+        B = torch.einsum("bld,ln->bdn", h, head.ridge_operator.to(h))
+        for p in penalties:
+            chosen = fits.with_penalty(p)
+            r = chosen.density.expected_basis(head.basis)
+            logits = model.classify((B @ r.unsqueeze(-1)).squeeze(-1), q)
+            k_star[p].append(chosen.n_components.cpu())
+            correct[p].append((logits.argmax(-1) == b.answers.to(dev)).cpu())
+    model.train(was_training)
+    out = {}
+    for p in penalties:
+        ks = torch.cat(k_star[p])
+        res = _summary(torch.cat(correct[p]).float(), data.answer_types.cpu(), data.families.cpu(), None)
+        res["k_star_shares"] = [float((ks == k).float().mean()) for k in range(1, k_max + 1)]
+        out[p] = res
+    return out

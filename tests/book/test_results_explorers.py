@@ -86,7 +86,7 @@ def test_ch4_explorer(results):
     assert all(abs(c - 0.7) < 0.05 for c in context[:2]) and context[2] < 0.2
     assert max(abs(c - p) for c, p in zip(context, pixels)) < 0.01
     assert abs(r["default_mass"] - 1) < 1e-3
-    # "At standard deviation 0.04 the context vector is the circle's yellow, within 0.01 in every
+    # "At standard deviation 0.04 the context vector is the square's yellow, within 0.01 in every
     # channel; at 0.1 the density covers mostly dark background and the colour fades to about half."
     assert f["gaussian 0.04"]["to_object"] < 0.01
     red = [f[f"gaussian {s}"]["context"][0] for s in ("0.04", "0.06", "0.08", "0.1")]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from attnopt.continuous import (
     ContinuousAttention,
+    ContinuousDensity,
     GaussianRBF,
     continuous_density,
     continuous_softmax,
@@ -23,6 +24,7 @@ from attnopt.continuous import (
     grid_locations,
     moment_match,
     padding_locations,
+    ridge_operator,
     ridge_value_function,
     truncated_paraboloid_threshold,
 )
@@ -42,6 +44,14 @@ W = torch.softmax(torch.randn(16, generator=torch.Generator().manual_seed(0), dt
 ATT = ContinuousAttention(BASIS, LOC, family="truncated_paraboloid")
 ATT_G = ContinuousAttention(BASIS, LOC)
 VALUES = torch.randn(16, 3, generator=torch.Generator().manual_seed(1), dtype=F64)
+
+
+def density(mixing=None, means=None, covariances=None, family="gaussian"):
+    """A valid two-component density with one field replaced."""
+    mixing = torch.tensor([0.3, 0.7], dtype=F64) if mixing is None else mixing
+    means = torch.stack([MU, 1 - MU]) if means is None else means
+    covariances = torch.stack([SIG, SIG]) if covariances is None else covariances
+    return ContinuousDensity(mixing, means, covariances, family)
 
 
 def with_nan(x, index=0):
@@ -144,6 +154,28 @@ BAD = [
     (lambda: ContinuousAttention(BASIS, LOC, penalty=-1.0), ValueError, "penalty"),
     (lambda: ContinuousAttention(BASIS, LOC, tol=0.0), ValueError, "tol"),
     (lambda: ContinuousAttention("basis", LOC), TypeError, "basis"),
+    (lambda: ContinuousAttention(BASIS, LOC, uniform_mix=1.5), ValueError, "uniform_mix"),
+    (lambda: ATT.density(torch.zeros(15, dtype=F64)), ValueError, "scores"),
+    # --- ridge_operator
+    (lambda: ridge_operator(LOC, "basis"), TypeError, "basis"),
+    (lambda: ridge_operator(LOC.long(), BASIS), TypeError, "locations"),
+    (lambda: ridge_operator(with_nan(LOC), BASIS), ValueError, "locations"),
+    (lambda: ridge_operator(LOC[:, :1], BASIS), ValueError, "locations"),
+    (lambda: ridge_operator(LOC, BASIS, -0.1), ValueError, "penalty"),
+    (lambda: ridge_operator(LOC, BASIS, "small"), TypeError, "penalty"),
+    (lambda: ridge_operator(LOC, BASIS, padding=torch.zeros(3, 3, dtype=F64)), ValueError, "padding"),
+    # --- ContinuousDensity
+    (lambda: density(mixing=torch.tensor([0.3, -0.7], dtype=F64)).expected_basis(BASIS), ValueError, "mixing"),
+    (lambda: density(mixing=torch.tensor([0.3, NAN], dtype=F64)).expected_basis(BASIS), ValueError, "mixing"),
+    (lambda: density(mixing=torch.ones(3, dtype=F64)).expected_basis(BASIS), ValueError, "mixing"),
+    (lambda: density(mixing=torch.ones(2)).expected_basis(BASIS), TypeError, "mixing"),
+    (lambda: density(covariances=-torch.stack([SIG, SIG])).expected_basis(BASIS), ValueError, "covariances"),
+    (lambda: density(covariances=torch.ones(2, 3, 3, dtype=F64)).expected_basis(BASIS), ValueError, "covariances"),
+    (lambda: density(family="laplace").expected_basis(BASIS), ValueError, "family"),
+    (lambda: density().expected_basis("basis"), TypeError, "basis"),
+    (lambda: density().pdf(torch.zeros(4, 3, dtype=F64)), ValueError, "points"),
+    (lambda: density().pdf(torch.zeros(4, 2)), TypeError, "points"),
+    (lambda: density().pdf(torch.zeros(2, dtype=F64)), ValueError, "points"),
 ]
 
 
@@ -167,6 +199,24 @@ def test_empty_batches_give_empty_results():
     assert mu.shape == (0, 2) and Sigma.shape == (0, 2, 2)
     for att in (ATT, ATT_G):
         assert att(torch.zeros(0, 16, dtype=F64), torch.zeros(0, 16, 3, dtype=F64)).shape == (0, 3)
+
+
+def test_density_edges_empty_batch_zero_weight_and_one_hot_scores():
+    d = density(torch.zeros(0, 2, dtype=F64), torch.zeros(0, 2, 2, dtype=F64), torch.zeros(0, 2, 2, 2, dtype=F64))
+    assert d.expected_basis(BASIS).shape == (0, 9) and d.pdf(LOC).shape == (0, 16)
+    # a component with mixing weight 0 contributes nothing, whatever its (placeholder) parameters
+    one = density(torch.tensor([1.0, 0.0], dtype=F64), covariances=torch.stack([SIG, torch.zeros(2, 2, dtype=F64)]))
+    alone = ContinuousDensity(torch.ones(1, dtype=F64), MU[None], SIG[None])
+    assert torch.allclose(one.expected_basis(BASIS), alone.expected_basis(BASIS))
+    assert torch.allclose(one.pdf(LOC), alone.pdf(LOC)) and int(one.n_components) == 1
+    # one-hot scores: a point mass, E[psi] = psi(mu), for both families
+    for att in (ATT, ATT_G):
+        point = att.density(one_hot_scores(5))
+        assert torch.allclose(point.expected_basis(BASIS), BASIS(LOC[5]), atol=1e-12)
+    # ridge operator: empty locations are refused (documented); padding adds no row
+    with pytest.raises(ValueError, match="locations"):
+        ridge_operator(LOC[:0], BASIS, 0.1)
+    assert ridge_operator(LOC, BASIS, 0.1, padding=padding_locations(4, dtype=F64)).shape == (16, 9)
 
 
 def test_singular_covariances_are_the_limit_densities():

@@ -205,13 +205,19 @@ def test_em_batching_equals_looping_with_a_fixed_init(seed, k, batch):
 
 @pytest.fixture(scope="module")
 def tiny_batch():
-    return vqa.make_batch(4, torch.Generator().manual_seed(0), canvas=28)
+    return vqa.make_batch(4, torch.Generator().manual_seed(0), questions_per_scene=2)
+
+
+@pytest.fixture(scope="module")
+def tiny_features(tiny_batch):
+    torch.manual_seed(0)
+    return vqa.encode(vqa.GridEncoder(channels=4), tiny_batch)
 
 
 @pytest.fixture(scope="module")
 def tiny_model():
     torch.manual_seed(0)
-    return vqa.VQAModel(channels=4, feature_dim=8, hidden=16)
+    return vqa.VQAModel("continuous_softmax", hidden=16, embedding_dim=8)
 
 
 @pytest.mark.parametrize(
@@ -232,19 +238,34 @@ def tiny_model():
         (lambda: vqa.attention_precision(torch.ones(3, 3), torch.full((3, 3), math.nan)), ValueError, "gt_mask"),
         (lambda: vqa.attention_precision(torch.ones(2, 3, 3), torch.ones(3, 3, 3)), ValueError, "gt_mask"),
         (lambda: vqa.attention_precision(torch.ones(3, 3), "mask"), TypeError, "gt_mask"),
-        (lambda: vqa.make_batch(2.5), TypeError, "n"),
+        (lambda: vqa.make_batch(2.5), TypeError, "n_scenes"),
+        (lambda: vqa.make_batch(0), ValueError, "n_scenes"),
+        (lambda: vqa.make_batch(4, canvas=50), ValueError, "canvas"),
         (lambda: vqa.make_batch(4, min_objects=5, max_objects=3), ValueError, "min_objects"),
+        (lambda: vqa.make_batch(4, max_objects=7), ValueError, "max_objects"),
         (lambda: vqa.make_batch(4, noise=-0.1), ValueError, "noise"),
         (lambda: vqa.make_batch(4, generator=0), TypeError, "generator"),
-        (lambda: vqa.SyntheticVQA(0), ValueError, "n_samples"),
+        (lambda: vqa.SyntheticVQA(0), ValueError, "n_scenes"),
         (lambda: vqa.SyntheticVQA(4, seed=2**70), ValueError, "seed"),
         (lambda: vqa.SyntheticVQA(4, device="nonsense"), ValueError, "device"),
         (lambda: vqa.VQAModel(3), TypeError, "head"),
+        (lambda: vqa.VQAModel("nope"), ValueError, "head"),
         (lambda: vqa.VQAModel("discrete", grid=1), ValueError, "grid"),
+        (lambda: vqa.VQAModel("discrete", hidden=2.5), TypeError, "hidden"),
         (lambda: vqa.VQAModel("discrete", uniform_mix=1.5), ValueError, "uniform_mix"),
         (lambda: vqa.VQAModel("discrete", basis_sigma=0.0), ValueError, "basis_sigma"),
-        (lambda: vqa.VQAModel("discrete", question_encoder="lstm"), ValueError, "question_encoder"),
+        (lambda: vqa.VQAModel("discrete", penalty=-1.0), ValueError, "penalty"),
         (lambda: vqa.VQAModel("mixture", mixture_kwargs={"n_iterations": 3}), TypeError, "mixture_kwargs"),
+        (lambda: vqa.VQAModel("mixture", mixture_kwargs=[("n_iter", 3)]), TypeError, "mixture_kwargs"),
+        (lambda: vqa.GridEncoder(grid=1), ValueError, "grid"),
+        (lambda: vqa.GridEncoder(channels=0), ValueError, "channels"),
+        (lambda: vqa.GridEncoder(channels=2.5), TypeError, "channels"),
+        (lambda: vqa.GridEncoder()(torch.rand(2, 4, 56, 56)), ValueError, "images"),
+        (lambda: vqa.GridEncoder()(torch.zeros(2, 3, 56, 56, dtype=torch.long)), TypeError, "images"),
+        (lambda: vqa.GridEncoder()(torch.full((1, 3, 56, 56), math.nan)), ValueError, "images"),
+        (lambda: vqa.swap_head("model", "mixture"), TypeError, "model"),
+        (lambda: vqa.swap_head(vqa.VQAModel(), "nope"), ValueError, "head"),
+        (lambda: vqa.swap_head(vqa.VQAModel(), "mixture", grid=7), TypeError, "grid"),
     ],
 )
 def test_vqa_bad_input(call, error, name):
@@ -252,41 +273,81 @@ def test_vqa_bad_input(call, error, name):
         call()
 
 
-def test_vqa_model_forward_bad_input(tiny_model, tiny_batch):
-    b = tiny_batch
+def test_vqa_model_forward_bad_input(tiny_model, tiny_batch, tiny_features):
+    f, q = tiny_features[tiny_batch.scene], tiny_batch.questions
     with pytest.raises(TypeError, match="questions"):
-        tiny_model(b.images, b.questions.float())
+        tiny_model(f, q.float())
     with pytest.raises(ValueError, match="questions"):
-        tiny_model(b.images, b.questions + len(vqa.VOCAB))
-    with pytest.raises(ValueError, match="images"):
-        tiny_model(b.images[:, :2], b.questions)
-    with pytest.raises(ValueError, match="question_lengths"):
-        tiny_model(b.images, b.questions, b.question_lengths + 20)
+        tiny_model(f, q + len(vqa.VOCAB))
+    with pytest.raises(ValueError, match="questions"):
+        tiny_model(f, q[:3])
+    with pytest.raises(ValueError, match="features"):
+        tiny_model(f[..., :5], q)
+    with pytest.raises(ValueError, match="features"):
+        tiny_model(f.clone().fill_(math.nan), q)
+    with pytest.raises(TypeError, match="features"):
+        tiny_model(f.long(), q)
 
 
-def test_vqa_train_evaluate_and_maps_bad_input(tiny_model, tiny_batch):
-    with pytest.raises(TypeError, match="model"):
-        vqa.train("model", tiny_batch)
+def test_vqa_encoder_train_evaluate_sweep_and_maps_bad_input(tiny_model, tiny_batch, tiny_features):
+    b, f = tiny_batch, tiny_features
+    encoder = vqa.GridEncoder(channels=4)
+    with pytest.raises(TypeError, match="encoder"):
+        vqa.pretrain_encoder("encoder", b)
     with pytest.raises(ValueError, match="epochs"):
-        vqa.train(tiny_model, tiny_batch, epochs=0)
+        vqa.pretrain_encoder(encoder, b, epochs=0)
     with pytest.raises(ValueError, match="lr"):
-        vqa.train(tiny_model, tiny_batch, lr=0.0)
-    with pytest.raises(ValueError, match="device"):
-        vqa.train(tiny_model, tiny_batch, device="nonsense")
+        vqa.pretrain_encoder(encoder, b, lr=-1.0)
+    with pytest.raises(ValueError, match="object_weight"):
+        vqa.pretrain_encoder(encoder, b, object_weight=-1.0)
     with pytest.raises(TypeError, match="progress"):
-        vqa.train(tiny_model, tiny_batch, progress="no")
-    with pytest.raises(ValueError, match="train_data"):
-        vqa.train(tiny_model, tiny_batch.index(slice(0, 0)))
-    with pytest.raises(TypeError, match="eval_data"):
-        vqa.train(tiny_model, tiny_batch, eval_data=[1])
+        vqa.pretrain_encoder(encoder, b, progress="no")
+    with pytest.raises(ValueError, match="multiple"):
+        vqa.pretrain_encoder(vqa.GridEncoder(grid=13), b)
+    with pytest.raises(TypeError, match="encoder"):
+        vqa.encode(tiny_model, b)
+    with pytest.raises(TypeError, match="data"):
+        vqa.encode(encoder, [1, 2])
     with pytest.raises(ValueError, match="batch_size"):
-        vqa.evaluate(tiny_model, tiny_batch, batch_size=0)
+        vqa.encode(encoder, b, batch_size=0)
+    with pytest.raises(TypeError, match="model"):
+        vqa.train("model", b, f)
+    with pytest.raises(ValueError, match="epochs"):
+        vqa.train(tiny_model, b, f, epochs=0)
+    with pytest.raises(ValueError, match="lr"):
+        vqa.train(tiny_model, b, f, lr=0.0)
+    with pytest.raises(ValueError, match="attention_supervision"):
+        vqa.train(tiny_model, b, f, attention_supervision=-1.0)
+    with pytest.raises(TypeError, match="progress"):
+        vqa.train(tiny_model, b, f, progress="no")
+    with pytest.raises(ValueError, match="data"):
+        vqa.train(tiny_model, b.index(slice(0, 0)), f)
+    with pytest.raises(ValueError, match="features"):
+        vqa.train(tiny_model, b, f[:2])
+    with pytest.raises(TypeError, match="data"):
+        vqa.train(tiny_model, [1], f)
+    with pytest.raises(ValueError, match="batch_size"):
+        vqa.evaluate(tiny_model, b, f, batch_size=0)
+    with pytest.raises(ValueError, match="features"):
+        vqa.evaluate(tiny_model, b, f[..., :3])
+    with pytest.raises(ValueError, match="penalties"):
+        vqa.selection_sweep(tiny_model, b, f, [-1.0])
+    with pytest.raises(ValueError, match="penalties"):
+        vqa.selection_sweep(tiny_model, b, f, [])
+    with pytest.raises(TypeError, match="penalties"):
+        vqa.selection_sweep(tiny_model, b, f, 0.1)
+    with pytest.raises(ValueError, match="n_init"):
+        vqa.selection_sweep(tiny_model, b, f, [0.1], n_init=0)
+    with pytest.raises(ValueError, match="continuous head"):
+        vqa.selection_sweep(vqa.VQAModel("discrete"), b, f, [0.1])
     with torch.no_grad():
-        out = tiny_model.forward_batch(tiny_batch)
+        out = tiny_model(f[b.scene], b.questions)
     with pytest.raises(ValueError, match="resolution"):
         vqa.attention_map(out, 0)
     with pytest.raises(TypeError, match="resolution"):
         vqa.attention_map(out, 2.5)
+    with pytest.raises(TypeError, match="output"):
+        vqa.attention_map(out.logits)
 
 
 def test_vqa_edges():
@@ -295,7 +356,13 @@ def test_vqa_edges():
     assert vqa.answer_text([]) == []
     assert vqa.attention_precision(torch.ones(0, 3, 3), torch.ones(0, 3, 3, dtype=torch.bool)).shape == (0,)
     assert vqa.attention_precision(torch.zeros(3, 3), torch.ones(3, 3, dtype=torch.bool)).item() == 0.0  # no mass
-    assert vqa.mixture_available()  # part of the package
+    # a one-cell softmax (covariance 0) still draws: a map that sums to one
+    model = vqa.VQAModel("continuous_sparsemax", hidden=8, embedding_dim=4).eval()
+    with torch.no_grad():
+        model.query.weight.zero_()
+        model.query.bias.copy_(torch.tensor([0.0] * 11 + [400.0, 400.0]))  # scores peak at the last cell
+        out = model(torch.cat([torch.zeros(1, 196, 11), grid_locations(14)[None]], -1), torch.tensor([[1, 2]]))
+    assert torch.allclose(vqa.attention_map(out).sum(), torch.tensor(1.0))
 
 
 # --------------------------------------------------------------------------------------------

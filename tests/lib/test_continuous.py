@@ -700,10 +700,13 @@ def test_continuous_attention_pipeline(family):
     att = ContinuousAttention(basis, loc, family=family, penalty=0.01, padding=True, n_quadrature=64)
     scores = torch.randn(3, 64, requires_grad=True)
     values = torch.randn(3, 64, 7, requires_grad=True)
-    ctx, (mu, Sigma) = att(scores, values, return_density=True)
+    ctx, density = att(scores, values, return_density=True)
     assert ctx.shape == (3, 7) and ctx.dtype == torch.float32
     # equals the pipeline written with the public functions
     mu2, S2 = moment_match(torch.softmax(scores, -1), loc, family)
+    assert density.family == family and torch.equal(density.mixing, torch.ones(3, 1))
+    torch.testing.assert_close(density.means[:, 0], mu2)
+    torch.testing.assert_close(density.scales[:, 0], S2)
     r = continuous_softmax(mu2, S2, basis) if family == "gaussian" else continuous_sparsemax(mu2, S2, basis, 64)
     B = ridge_value_function(values, loc, basis, 0.01, padding=padding_locations(8))
     torch.testing.assert_close(ctx, (B @ r.unsqueeze(-1)).squeeze(-1), rtol=1e-4, atol=1e-5)

@@ -315,7 +315,7 @@ def test_module_context_is_mixture_of_component_contexts():
     s = torch.log(torch.stack([TWO_BLOBS, ONE_BLOB])) + 0.1 * torch.randn(2, 196, generator=g, dtype=F64)
     v = torch.randn(2, 196, 4, generator=g, dtype=F64)
     mm = MultimodalContinuousAttention(BASIS, grid, 2, n_iter=10)
-    c, (pi, mu, Sigma) = mm(s, v, return_mixture=True)
+    c, (pi, mu, Sigma, _) = mm(s, v, return_density=True)
     ref = ContinuousAttention(BASIS, grid)
     # r = E_p[psi] for the mixture density p = sum_k pi_k N(mu_k, Sigma_k), by an independent
     # midpoint quadrature on a fine grid, then c = B r (eqs. (5.4)-(5.5))
@@ -378,7 +378,7 @@ def test_module_precomputed_ridge_operator_matches_ridge_value_function(dtype, p
     s = torch.randn(3, 196, generator=g, dtype=F64).to(dtype)
     v = torch.randn(3, 196, 5, generator=g, dtype=F64).to(dtype)
     mm = MultimodalContinuousAttention(basis, locs, 2, padding=pad)
-    c, (pi, mu, Sigma) = mm(s, v, return_mixture=True)
+    c, (pi, mu, Sigma, _) = mm(s, v, return_density=True)
     r = torch.einsum("bk,bkn->bn", pi, continuous_softmax(mu, Sigma, basis))
     B = ridge_value_function(v, locs, basis, 0.01, padding=pad)
     tol = {"rtol": 1e-12, "atol": 1e-13} if dtype == F64 else {"rtol": 1e-5, "atol": 1e-6}
@@ -554,7 +554,7 @@ def test_module_rows_with_every_score_masked_attend_to_nothing():
     s.requires_grad_(True)
     v = torch.randn(3, 196, 4, generator=g, dtype=F64, requires_grad=True)
     mm = MultimodalContinuousAttention(BASIS, grid, 2, n_iter=5)
-    c, (pi, mu, Sigma) = mm(s, v, return_mixture=True)
+    c, (pi, mu, Sigma, _) = mm(s, v, return_density=True)
     assert torch.equal(c[1], torch.zeros(4, dtype=F64)) and torch.equal(pi[1], torch.zeros(2, dtype=F64))
     assert torch.isfinite(mu).all() and (torch.linalg.eigvalsh(Sigma) > 0).all()
     rest = mm(s.detach()[[0, 2]], v.detach()[[0, 2]])
