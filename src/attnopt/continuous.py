@@ -1,7 +1,7 @@
 r"""Continuous attention over :math:`\mathbb{R}^D` with Gaussian radial basis functions.
 
 Discrete attention averages :math:`L` value vectors with weights :math:`p\in\Delta^L`.  Continuous
-attention (chapters 3--4 of Farinhas's thesis) replaces the simplex by densities on
+attention (chapters 3--4 of Farinhas, 2021) replaces the simplex by densities on
 :math:`S=\mathbb{R}^D` and the weighted average by an expectation.  With a value function
 :math:`V_B(t) = B\psi(t)` written in a basis :math:`\psi:\mathbb{R}^D\to\mathbb{R}^N` and a density
 :math:`p` that maximizes :math:`\mathbb{E}_p[f(t)] - \Omega_\alpha(p)` for a quadratic score
@@ -13,7 +13,7 @@ attention (chapters 3--4 of Farinhas's thesis) replaces the simplex by densities
     \phi(t) = [t,\ tt^\top],\qquad \theta = [\Sigma^{-1}\mu,\ -\tfrac12\Sigma^{-1}],
 
 the context vector is :math:`c = \mathbb{E}_p[V_B(t)] = B r` with :math:`r = \mathbb{E}_p[\psi(t)]`
-(eq. (3.16) of the continuous-attention thesis).  Shannon's negentropy (:math:`\alpha=1`) gives a
+(eq. (3.16) of Farinhas (2021)).  Shannon's negentropy (:math:`\alpha=1`) gives a
 Gaussian :math:`p=\mathcal N(\mu,\Sigma)`; the Gini--Simpson index (:math:`\alpha=2`) gives a
 *truncated paraboloid* :math:`p(t) = [-\lambda - \tfrac12(t-\mu)^\top\Sigma^{-1}(t-\mu)]_+`, whose
 support is an ellipsoid.
@@ -189,14 +189,14 @@ def truncated_paraboloid_threshold(Sigma: torch.Tensor) -> torch.Tensor:
 class GaussianRBF(nn.Module):
     r"""Gaussian radial basis functions :math:`\psi_j(t) = \mathcal N(t;\mu_j,\Sigma_j)`, :math:`j\in[N]`.
 
-    Each basis function is a normalized Gaussian *density* (as in chapter 4 of the
-    continuous-attention thesis), not an unnormalized bump: :math:`\int\psi_j = 1`.
+    Each basis function is a normalized Gaussian *density* (as in chapter 4 of
+    Farinhas (2021)), not an unnormalized bump: :math:`\int\psi_j = 1`.
 
     Args:
         centers: ``(N, D)`` centers :math:`\mu_j` (a ``(N,)`` tensor is read as ``D = 1``).
         sigma: standard deviations: a number (shared, isotropic), ``(N,)`` (isotropic per basis
             function) or ``(N, D)`` (axis-aligned per basis function); the covariance is
-            :math:`\Sigma_j=\operatorname{diag}(\sigma_j^2)`.  The thesis's VQA basis,
+            :math:`\Sigma_j=\operatorname{diag}(\sigma_j^2)`.  Farinhas's (2021) VQA basis,
             :math:`\Sigma_j = 0.001\,I`, is ``sigma=0.001 ** 0.5``.
         covariance: instead of ``sigma``, full covariances ``(D, D)`` (shared) or ``(N, D, D)``.
 
@@ -268,7 +268,7 @@ class GaussianRBF(nn.Module):
         One level per entry of ``sigmas``: level :math:`k` puts ``n_per_axis[k]**dim`` centers on
         a ``linspace(low, high, n_per_axis[k])`` grid (``'ij'`` order), all with standard
         deviation ``sigmas[k]``.  ``GaussianRBF.grid(10, 0.001 ** 0.5)`` is the :math:`N=100`
-        basis of Table 6.1 of the thesis.
+        basis of Table 6.1 of Farinhas (2021).
 
         Args:
             n_per_axis: centers per axis, one int for every level or one per level.
@@ -353,7 +353,7 @@ def grid_locations(
 ) -> torch.Tensor:
     r"""The ``n_per_axis ** dim`` points of a regular grid of :math:`[\mathrm{low},\mathrm{high}]^D`.
 
-    The locations :math:`t_l` of §6.2.2 of the thesis (a :math:`14\times14` feature map normalized to
+    The locations :math:`t_l` of §6.2.2 of Farinhas (2021) (a :math:`14\times14` feature map normalized to
     the unit square) are ``grid_locations(14)``; the flattening order is ``'ij'`` (row-major), as
     for ``features.flatten(-3, -2)`` of a ``(..., H, W, C)`` map.
 
@@ -526,7 +526,7 @@ def ridge_value_function(
 
     With the :math:`L` feature vectors as rows of :math:`H^\top\in\mathbb R^{L\times d}` and
     :math:`F^\top = [\psi(t_1),\dots,\psi(t_L)]^\top\in\mathbb R^{L\times N}`, eq. (3.17) / Alg. 1 of
-    the continuous-attention thesis is
+    Farinhas (2021) is
 
     .. math::
 
@@ -541,7 +541,7 @@ def ridge_value_function(
         features: ``(..., L, d)`` features :math:`h_l` (token-major, as ``value`` in attention).
         locations: ``(L, D)`` locations :math:`t_l`.
         basis: the :class:`GaussianRBF` :math:`\psi` (``N`` functions on :math:`\mathbb R^D`).
-        penalty: the ridge penalty :math:`\lambda\ge0` (the thesis uses 0.01).
+        penalty: the ridge penalty :math:`\lambda\ge0` (Farinhas (2021) uses 0.01).
         padding: optional ``(P, D)`` extra locations where :math:`V_B` is fitted to zero
             (see :func:`padding_locations`).
 
@@ -601,7 +601,7 @@ def moment_match(
 
     With :math:`p=w/\sum_l w_l`, the mean and variance are
     :math:`\mu=\sum_l p_l t_l`, :math:`\mathrm{Var}=\sum_l p_l(t_l-\mu)(t_l-\mu)^\top`.  For a Gaussian,
-    :math:`\Sigma=\mathrm{Var}`.  For a truncated paraboloid Theorem 1 of the thesis gives
+    :math:`\Sigma=\mathrm{Var}`.  For a truncated paraboloid Theorem 1 of Farinhas (2021) gives
     :math:`\mathrm{Var}=-\lambda\Sigma/(D/2+2)` with :math:`\lambda` of eq. (3.15); taking
     determinants and solving (with :math:`\kappa_D=\Gamma(D/2+2)/(2\pi)^{D/2}` and
     :math:`k=\kappa_D^{2/(D+2)}/(D/2+2)`),
@@ -806,8 +806,8 @@ def _softmax_flat(mu_f, Sigma_f, centers, cov):
 def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF) -> torch.Tensor:
     r"""Continuous softmax attention :math:`r_j=\mathbb E_{\mathcal N(\mu,\Sigma)}[\psi_j(t)]`, any :math:`D`.
 
-    The product of two Gaussian densities is a scaled Gaussian (eqs. (4.8)--(4.9) of the
-    continuous-attention thesis), so eq. (4.7) has the closed form (eq. (4.10))
+    The product of two Gaussian densities is a scaled Gaussian (eqs. (4.8)--(4.9) of
+    Farinhas (2021)), so eq. (4.7) has the closed form (eq. (4.10))
 
     .. math::
 
@@ -1097,7 +1097,7 @@ def _ray_terms(prm, phi):
     t1 = g.mul_(e_perp).mul_(rz)  # T_0 / (sqrt(pi) / 2)
     h2 = hh.mul_(w)
     # T_k = r0 T_{k-1} + sigma^2 ((k-1) T_{k-2} + s~ phi(lo) [k=1] - s~ phi(hi)), s~ phi(lo) = e^{-q/2}
-    # (the closed forms (A.22), (A.31), (A.34), (A.40) of the thesis, regrouped), all over sqrt(pi)/2
+    # (the closed forms (A.22), (A.31), (A.34), (A.40) of Farinhas (2021), regrouped), all over sqrt(pi)/2
     T1 = torch.mul(r0, t1, out=out[0]).addcmul_(llh, w).sub_(h2)
     T2 = torch.mul(r0, T1, out=z).addcmul_(w, t1, value=0.5).sub_(h2)
     T3 = torch.mul(r0, T2, out=out[3]).addcmul_(w, T1).sub_(h2)
@@ -1938,7 +1938,7 @@ def continuous_sparsemax(
     function :math:`j`) takes one of two routes:
 
     * when the smallest eigenvalue of :math:`A_j` is at least 1 (:math:`\psi_j` narrower than the
-      ellipse in every direction), Lemma 1 of Appendix A.2 of the continuous-attention thesis: the
+      ellipse in every direction), Lemma 1 of Appendix A.2 of Farinhas (2021): the
       Gaussian :math:`\mathcal N(u;\tilde\mu_j,\tilde\Sigma_j)`, :math:`\tilde\Sigma_j=A_j^{-1}`,
       :math:`\tilde\mu_j=A_j^{-1}b_j`, integrated in polar coordinates, the radial integral in closed form
       (eqs. (A.15), (A.22), (A.23); :math:`D=1`: truncated Gaussian moments in closed form) and the
@@ -1975,14 +1975,14 @@ def continuous_sparsemax(
     Lemma-1 pairs whose :math:`A_j` has an axis ratio above 8 (needles, on which the rays converge
     slowly) integrated by slices; no error estimate, no warning.  Measured against SciPy
     (``benchmarks/continuous.py``) it is as accurate as the adaptive rule on the regimes of the tests
-    (within :math:`10^{-10}` in float64 on the thesis's hard cases, :math:`2\cdot10^{-6}` in float32).
+    (within :math:`10^{-10}` in float64 on Farinhas's (2021) hard cases, :math:`2\cdot10^{-6}` in float32).
     On the CPU it is about 40 (float32) to 100 (float64) times slower than the adaptive rule, since it
     integrates every pair by both routes; it is meant for GPUs, where the adaptive loop would
     synchronise at every round.
 
     ``n_quadrature=n``: the fixed rule with :math:`n` angles :math:`\varphi_k=2\pi k/n` for every
     Lemma-1 pair (and :math:`n` slice angles on the whole circle for the others).  Its error depends on
-    the ellipse: :math:`n=256` is within :math:`10^{-8}` in the VQA setting of the thesis
+    the ellipse: :math:`n=256` is within :math:`10^{-8}` in the VQA setting of Farinhas (2021)
     (:math:`\Sigma_j=10^{-3}I` on a :math:`10\times10` grid, ellipses moment-matched from :math:`14\times14`
     locations, near-uniform and corner-heavy weights included), :math:`n=64` is not (about
     :math:`6\cdot10^{-3}` on the widest ellipses).

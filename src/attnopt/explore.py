@@ -138,7 +138,7 @@ def preference_view(templates, u, z, alpha, *, alpha_grid=None, tol: float | Non
     r"""The exact estimate and its closed form (18) for one preference, reliability and evidence.
 
     With templates :math:`t_1,\dots,t_n`, preference :math:`u` (mean :math:`\mu`) and evidence
-    :math:`z`, problem (4) of the Fenchel-dual paper,
+    :math:`z`, problem (4) of Anonymous authors (2024),
     :math:`\min_p\frac\alpha2\lVert b-\sum_ip_it_i\rVert^2+\operatorname{KL}(p\,\Vert\,u)` with
     :math:`b=\mu+z`, has the exact estimate :math:`\hat h=\sum_i\tilde p_it_i` of eq. (12), and
     replacing the dual maximizer by :math:`\alpha z` gives generalized attention, eq. (18),
@@ -648,7 +648,7 @@ def four_views(query, keys, tau, *, regularizer: str = "entropy", absent: int | 
     With scores :math:`s_j=\langle q,k_j\rangle/\sqrt d`, scaled dot-product attention at
     temperature :math:`\tau` gives :math:`p=\operatorname{softmax}(s/\tau)`.  The same weights are
 
-    * generalized attention, eq. (18) of the Fenchel-dual paper, with :math:`z=q`, templates
+    * generalized attention, eq. (18) of Anonymous authors (2024), with :math:`z=q`, templates
       :math:`k_j`, :math:`\alpha=1/(\tau\sqrt d)` and the uniform preference :math:`u`;
     * the attention kernel of Vuckovic et al. (2020, Def. 8) on the uniform key measure with the
       potential :math:`e^{\langle q,k\rangle/(\tau\sqrt d)}`;

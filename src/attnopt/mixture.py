@@ -1,6 +1,6 @@
 r"""Multimodal continuous attention: Gaussian mixtures fitted to discrete attention weights.
 
-Chapter 5 of Farinhas's continuous-attention thesis replaces the single attention density by a
+Chapter 5 of Farinhas (2021) replaces the single attention density by a
 mixture :math:`p(t)=\sum_k\pi_k\,\mathcal N(t;\mu_k,\Sigma_k)` (eq. (5.3)); by linearity the context
 is the mixture of the component contexts, :math:`c=\sum_k\pi_k B r_k` (eqs. (5.4)--(5.5)).  When only
 discrete attention weights :math:`w_l\ge0` over locations :math:`t_l` are available, the mixture is
@@ -21,7 +21,7 @@ its penalty is on the scale of an average log-density (see its docstring).
 
 Gradients.  Every EM step is a composition of smooth tensor operations, so with a fixed number of
 iterations the fitted parameters are differentiable functions of the weights, and autograd
-back-propagates through the unrolled iterations (this is how the thesis trains K-MCA models end to
+back-propagates through the unrolled iterations (this is how Farinhas (2021) trains K-MCA models end to
 end: the scores receive gradient only through the fitted :math:`(\pi,\mu,\Sigma)`).  The seeding of
 the initial means (``"kmeans++"``/``"random"``: discrete choices of locations) and the choice of
 :math:`K` are piecewise constant and contribute no gradient.
@@ -297,7 +297,7 @@ def _seed_random(points, log_weights, k, generator):
 
 
 def region_labels(points: torch.Tensor, n_components: int) -> torch.Tensor:
-    r"""The thesis's deterministic initialization regions (§6.3): one-hot ``(..., N, K)`` labels.
+    r"""Farinhas's (2021) deterministic initialization regions (§6.3): one-hot ``(..., N, K)`` labels.
 
     ``K = 4`` with ``D >= 2``: the quadrants cut at the midpoints of the bounding box of the first
     two coordinates; otherwise ``K`` equal strips of the bounding box along coordinate 0 (``K = 2``
@@ -348,7 +348,7 @@ def _region_labels(points, k):
 
 
 def _init_from_resp(points, weights, resp, floor):
-    """Moment-match each group of a hard assignment (the thesis's region initialization): means,
+    """Moment-match each group of a hard assignment (Farinhas's (2021) region initialization): means,
     covariances and mixing (mass of each group).  Groups that are empty or whose covariance is
     singular get the global moments."""
     m, c, _, nk = _m_step(points, weights, resp, floor)
@@ -540,7 +540,7 @@ def weighted_em(
     cov_floor: float = 1e-6,
     generator: torch.Generator | None = None,
 ) -> WeightedEMResult:
-    r"""Fit a Gaussian mixture to weighted points by EM (eqs. (5.12)--(5.16) of the thesis).
+    r"""Fit a Gaussian mixture to weighted points by EM (eqs. (5.12)--(5.16) of Farinhas (2021)).
 
     Maximizes the weighted log-likelihood (5.16)
 
@@ -609,7 +609,7 @@ def weighted_em(
         n_components: ``K`` with ``1 <= K <= N``.
         n_iter: maximum number of iterations (EM steps), ``>= 1``.
         init: ``"kmeans++"`` (weighted k-means++ seeds), ``"random"`` (``K`` distinct locations
-            drawn :math:`\propto w` without replacement), ``"regions"`` (the thesis's
+            drawn :math:`\propto w` without replacement), ``"regions"`` (Farinhas's (2021)
             halves/quadrants, moment-matched within each region, :math:`\pi_k` = mass of the region,
             see :func:`region_labels`), a tensor ``(..., K, D)`` of initial means, or a dict with
             ``"means"`` and optionally ``"covariances"`` and ``"mixing"``.  Seeds and given means
@@ -745,9 +745,9 @@ def select_components(
     distribution, independent of the number of locations.  Adding a component is therefore worth
     it only if it raises that average log-density by more than :math:`\lambda/2` nats.  The default
     ``penalty=0.1`` (0.05 nats) separates one blob from two well-separated blobs on a 14x14 grid of
-    the unit square (with the floor below); tune it by validation as the thesis does.  A penalty :math:`c\,p_K` proportional
+    the unit square (with the floor below); tune it by validation as Farinhas (2021) does.  A penalty :math:`c\,p_K` proportional
     to the number of free parameters :math:`p_K=K(D+D(D+1)/2+1)-1` is the same rule with
-    :math:`\lambda=c\,(D+D(D+1)/2+1)`.  (The thesis's values, e.g. :math:`\lambda=500`, refer to a
+    :math:`\lambda=c\,(D+D(D+1)/2+1)`.  (Farinhas's (2021) values, e.g. :math:`\lambda=500`, refer to a
     log-likelihood on a different, unnormalized scale and do not transfer to this one.)
 
     Locations on a grid.  A component can collapse onto a row or a column of a grid: its variance
@@ -762,11 +762,11 @@ def select_components(
         weights: ``(..., N)`` non-negative weights (normalized here).
         max_components: :math:`K_{\max}`.
         penalty: :math:`\lambda\ge0`, per component, in units of :math:`-2\ell_w` (see above).
-        n_init: initializations per :math:`K>1` (3 in the thesis).
+        n_init: initializations per :math:`K>1` (3 in Farinhas, 2021).
         n_iter: EM iterations per fit.
-        min_components: :math:`K_{\min}` (1 in the thesis).
+        min_components: :math:`K_{\min}` (1 in Farinhas, 2021).
         init: ``"kmeans++"`` (random weighted k-means++ seeds; default) or ``"random"``
-            (seeds drawn :math:`\propto w`); both are random initializations in the thesis's sense.
+            (seeds drawn :math:`\propto w`); both are random initializations in the sense of Farinhas (2021).
         tol, cov_floor, generator: as in :func:`weighted_em`.
 
     Returns:
@@ -863,7 +863,7 @@ def select_components(
 
 
 class MultimodalContinuousAttention(nn.Module):
-    r"""Multimodal continuous softmax attention (chapter 5 and §6.3 of the thesis).
+    r"""Multimodal continuous softmax attention (chapter 5 and §6.3 of Farinhas (2021)).
 
     Given discrete scores :math:`s\in\mathbb R^L` over locations :math:`t_l` and value features
     :math:`h_l\in\mathbb R^d`:
@@ -872,7 +872,7 @@ class MultimodalContinuousAttention(nn.Module):
        locations of finite score, :math:`\epsilon=` ``uniform_mix``, 0 by default);
     2. a Gaussian mixture :math:`(\pi_k,\mu_k,\Sigma_k)_{k\le K}` is fitted to :math:`(t_l,w_l)` by
        :func:`weighted_em` with a fixed number of iterations (K-MCA, ``n_components=K``; initial
-       regions as in the thesis by default), or :math:`K` is chosen per example by
+       regions as in Farinhas (2021) by default), or :math:`K` is chosen per example by
        :func:`select_components` (test-MCA, ``n_components="auto"``);
     3. :math:`r_k=\mathbb E_{\mathcal N(\mu_k,\Sigma_k)}[\psi(t)]` by
        :func:`~attnopt.continuous.continuous_softmax`, :math:`r=\sum_k\pi_kr_k` (eq. (5.4));
@@ -885,7 +885,7 @@ class MultimodalContinuousAttention(nn.Module):
        context :math:`c=Br=\sum_k\pi_kBr_k` (eq. (5.5)).
 
     Gradients: with ``differentiate_em=True`` (default) autograd goes through the unrolled EM
-    iterations to the scores, as in the thesis's end-to-end K-MCA training; with ``False`` the
+    iterations to the scores, as in Farinhas's (2021) end-to-end K-MCA training; with ``False`` the
     mixture is fitted on detached weights and treated as given (the scores then receive no
     gradient, only the values do) — cheaper, for inference.
 
@@ -894,12 +894,12 @@ class MultimodalContinuousAttention(nn.Module):
         locations: ``(L, D)`` locations of the scores/features.
         n_components: ``K >= 1`` or ``"auto"``.
         max_components, selection_penalty, n_init: for ``"auto"`` (see :func:`select_components`).
-        n_iter: EM iterations (fixed, as in the thesis).
-        init: ``"regions"`` (thesis's halves/quadrants, deterministic), ``"kmeans++"`` or
+        n_iter: EM iterations (fixed, as in Farinhas, 2021).
+        init: ``"regions"`` (Farinhas's (2021) halves/quadrants, deterministic), ``"kmeans++"`` or
             ``"random"`` for fixed ``K``.
         cov_floor: covariance floor :math:`\varepsilon`; keep it > 0 for ``K > 1`` (a component
             collapsing onto one location would give continuous softmax a singular covariance).
-        penalty: ridge penalty of the value function (0.01 in the thesis).
+        penalty: ridge penalty of the value function (0.01 in Farinhas, 2021).
         padding: optional ``(P, D)`` padding locations for the ridge regression.
         uniform_mix: :math:`\epsilon\in[0,1]` of step 1 (a floor on the weights of every location).
         differentiate_em: see above.
