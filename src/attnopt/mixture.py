@@ -745,10 +745,12 @@ def select_components(
     distribution, independent of the number of locations.  Adding a component is therefore worth
     it only if it raises that average log-density by more than :math:`\lambda/2` nats.  The default
     ``penalty=0.1`` (0.05 nats) separates one blob from two well-separated blobs on a 14x14 grid of
-    the unit square (with the floor below); tune it by validation as Farinhas (2021) does.  A penalty :math:`c\,p_K` proportional
-    to the number of free parameters :math:`p_K=K(D+D(D+1)/2+1)-1` is the same rule with
-    :math:`\lambda=c\,(D+D(D+1)/2+1)`.  (Farinhas's (2021) values, e.g. :math:`\lambda=500`, refer to a
-    log-likelihood on a different, unnormalized scale and do not transfer to this one.)
+    the unit square (with the floor below); tune it by validation as Farinhas (2021) does.  A
+    penalty :math:`c\,p_K` proportional to the number of free parameters
+    :math:`p_K=K(D+D(D+1)/2+1)-1` is the same rule with :math:`\lambda=c\,(D+D(D+1)/2+1)`.
+    (Farinhas (2021) reports values such as :math:`\lambda=500` without saying how the
+    log-likelihood was normalized; with this normalization such a value would never select more
+    than one component, so we take it to refer to another scale and do not use it.)
 
     Locations on a grid.  A component can collapse onto a row or a column of a grid: its variance
     across that line falls to ``cov_floor`` and its density on the line, hence :math:`\ell_w`,
