@@ -749,7 +749,7 @@ def select_components(
     penalty :math:`c\,p_K` proportional to the number of free parameters
     :math:`p_K=K(D+D(D+1)/2+1)-1` is the same rule with :math:`\lambda=c\,(D+D(D+1)/2+1)`.
     (Farinhas (2021) reports values such as :math:`\lambda=500` without saying how the
-    log-likelihood was normalized; with this normalization such a value would never select more
+    log-likelihood was normalized; with this normalization such a value would in practice never select more
     than one component, so we take it to refer to another scale and do not use it.)
 
     Locations on a grid.  A component can collapse onto a row or a column of a grid: its variance
