@@ -44,21 +44,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import _vqa_checks as checks
 from . import _vqa_scenes as scenes
 from . import _vqa_training as training
 from ._validation import (
     as_float_tensor,
-    broadcast_shapes,
     check_bool,
     check_choice,
     check_device,
     check_finite,
     check_int,
-    check_nonnegative,
     check_number,
     check_same_device,
-    check_shape_match,
-    require,
 )
 from .continuous import ContinuousAttention, ContinuousDensity, GaussianRBF, grid_locations, padding_locations
 from .mixture import MultimodalContinuousAttention
@@ -122,18 +119,6 @@ FEATURES: tuple[str, ...] = COLOURS + ("no colour",) + SHAPES + ("no shape", "ro
 HEADS: tuple[str, ...] = ("discrete", "continuous_softmax", "continuous_sparsemax", "mixture", "mixture_selected")
 
 
-def _int_ids(values, name: str, what: str) -> torch.Tensor:
-    try:
-        t = torch.as_tensor(values)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise TypeError(f"{name} must be a tensor or a nested list of {what}; got {type(values).__name__}") from err
-    if t.numel() == 0:
-        t = t.long()
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer {what}; got dtype {t.dtype}")
-    return t
-
-
 def decode(tokens) -> str | list[str]:
     """Question text of a token-id sequence ``(T,)`` (or a list of texts for ``(n, T)``); padding is dropped.
 
@@ -151,7 +136,7 @@ def decode(tokens) -> str | list[str]:
         >>> decode([1, 2, 3, 4, 15, 5, 14, 0, 0])
         'what shape is the red object ?'
     """
-    t = _int_ids(tokens, "tokens", "token ids")
+    t = checks.int_ids(tokens, "tokens", "token ids")
     if t.ndim not in (1, 2):
         raise ValueError(f"tokens must have shape (T,) or (n, T); got {tuple(t.shape)}")
     ids = t.reshape(-1).tolist()  # decoding reads the ids anyway
@@ -180,7 +165,7 @@ def answer_text(answers) -> str | list[str]:
         >>> answer_text(1), answer_text([3, 8])
         ('yes', ['2', 'circle'])
     """
-    a = _int_ids(answers, "answers", "answer ids")
+    a = checks.int_ids(answers, "answers", "answer ids")
     ids = a.reshape(-1).tolist()
     bad = [i for i in ids if not 0 <= i < len(ANSWERS)]
     if bad:
@@ -398,7 +383,7 @@ class SyntheticVQA(torch.utils.data.Dataset):
         device: torch.device | str | None = None,
     ):
         n_scenes = check_int(n_scenes, "n_scenes")
-        seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+        seed = checks.seed_arg(seed)
         if device is not None:
             device = check_device(device, "device")
         g = torch.Generator().manual_seed(seed)
@@ -534,7 +519,7 @@ def pretrain_encoder(
     epochs, batch_size = check_int(epochs, "epochs"), check_int(batch_size, "batch_size")
     lr = check_number(lr, "lr", low=0.0, low_open=True)
     object_weight = check_number(object_weight, "object_weight", low=0.0)
-    seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+    seed = checks.seed_arg(seed)
     check_bool(progress, "progress")
     if data.images.shape[-1] % encoder.grid:
         raise ValueError(f"the canvas ({data.images.shape[-1]} px) must be a multiple of the encoder's grid ({encoder.grid})")
@@ -721,13 +706,7 @@ class VQAModel(nn.Module):
         check_number(basis_sigma, "basis_sigma", low=0.0, low_open=True)
         check_number(penalty, "penalty", low=0.0)
         check_number(uniform_mix, "uniform_mix", low=0.0, high=1.0)
-        if mixture_kwargs is not None:
-            if not isinstance(mixture_kwargs, dict):
-                raise TypeError(f"mixture_kwargs must be a dict or None; got {type(mixture_kwargs).__name__}")
-            unknown = sorted(set(mixture_kwargs) - set(_MIXTURE_KWARGS))
-            if unknown:
-                raise TypeError(f"mixture_kwargs has keys {unknown} that MultimodalContinuousAttention does not take "
-                                f"here; it takes {_MIXTURE_KWARGS}")
+        checks.mixture_kwargs_arg(mixture_kwargs, _MIXTURE_KWARGS)
         self.head_name, self.grid, self.feature_dim = head, grid, feature_dim
         self.config = dict(feature_dim=feature_dim, grid=grid, hidden=hidden, embedding_dim=embedding_dim,
                            n_basis_per_axis=n_basis_per_axis, basis_sigma=basis_sigma, penalty=penalty,
@@ -746,25 +725,6 @@ class VQAModel(nn.Module):
         self.fuse_q = nn.Linear(hidden, hidden)
         self.classifier = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, len(ANSWERS)))
         self.register_buffer("device_marker", torch.zeros(()), persistent=False)
-
-    def _check_inputs(self, features, questions):
-        features = as_float_tensor(features, "features", min_ndim=3)
-        L = self.grid * self.grid
-        if features.ndim != 3 or features.shape[1:] != (L, self.feature_dim):
-            raise ValueError(f"features must have shape (B, {L}, {self.feature_dim}); got {tuple(features.shape)}")
-        check_same_device(features, "features", self.device_marker, "the model")
-        check_finite(features, "features")
-        if not isinstance(questions, torch.Tensor) or questions.is_floating_point() or questions.is_complex() \
-                or questions.dtype == torch.bool:
-            what = f"dtype {questions.dtype}" if isinstance(questions, torch.Tensor) else type(questions).__name__
-            raise TypeError(f"questions must be a tensor of integer token ids; got {what}")
-        if questions.ndim != 2 or not 1 <= questions.shape[1] <= MAX_QUESTION_LENGTH:
-            raise ValueError(f"questions must have shape (B, T) with 1 <= T <= {MAX_QUESTION_LENGTH}; "
-                             f"got {tuple(questions.shape)}")
-        check_shape_match(questions, "questions", features, "features", [(0, 0)])
-        check_same_device(questions, "questions", self.device_marker, "the model")
-        require(((questions >= 0) & (questions < len(VOCAB))).all(), f"questions must hold ids in [0, {len(VOCAB)}) (VOCAB)")
-        return features, questions
 
     def encode_question(self, questions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(query, q)``: the ``(B, feature_dim)`` vector the cell features are scored against, and ``(B, hidden)``."""
@@ -789,7 +749,7 @@ class VQAModel(nn.Module):
             ValueError: shapes other than these, another device, NaN or infinite features, ids out
                 of range.
         """
-        features, questions = self._check_inputs(features, questions)
+        features, questions = checks.model_inputs(features, questions, self.grid, self.feature_dim, self.device_marker)
         query, q = self.encode_question(questions)
         scores = torch.einsum("bld,bd->bl", features, query.to(features.dtype))
         weights = torch.softmax(scores, -1)
@@ -920,22 +880,7 @@ def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> t
         >>> attention_precision(torch.ones(4, 4), mask).item()
         0.5
     """
-    a = as_float_tensor(attention_map, "attention_map", min_ndim=2)
-    if a.shape[-2] < 1 or a.shape[-1] < 1:
-        raise ValueError(f"attention_map must have shape (..., H, W) with H, W >= 1; got {tuple(a.shape)}")
-    check_finite(a, "attention_map")
-    check_nonnegative(a, "attention_map")
-    try:
-        m = torch.as_tensor(gt_mask, device=a.device)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise TypeError(f"gt_mask must be a tensor of bools or numbers; got {type(gt_mask).__name__}") from err
-    if m.is_complex():
-        raise TypeError(f"gt_mask must hold bools or real numbers; got dtype {m.dtype}")
-    if m.ndim < 2 or m.shape[-2] < 1 or m.shape[-1] < 1:
-        raise ValueError(f"gt_mask must have shape (..., H', W') with H', W' >= 1; got shape {tuple(m.shape)}")
-    check_finite(m, "gt_mask")
-    broadcast_shapes(**{"attention_map (leading dims)": a.shape[:-2], "gt_mask (leading dims)": m.shape[:-2]})
-    m = (m != 0).to(a.dtype)
+    a, m = checks.precision_args(attention_map, gt_mask)
     if m.shape[-2:] != a.shape[-2:]:
         H, W = a.shape[-2:]
         lead = m.shape[:-2]
@@ -952,15 +897,6 @@ def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> t
 # --------------------------------------------------------------------------------------------
 # training and evaluation
 # --------------------------------------------------------------------------------------------
-
-
-def _check_features(features, data: VQABatch, model: VQAModel, name: str = "features") -> torch.Tensor:
-    features = as_float_tensor(features, name, min_ndim=3)
-    L = model.grid * model.grid
-    if features.ndim != 3 or features.shape[0] != data.n_scenes or features.shape[1:] != (L, model.feature_dim):
-        raise ValueError(f"{name} must have shape (S, {L}, {model.feature_dim}) with S = {data.n_scenes} scenes; "
-                         f"got {tuple(features.shape)}")
-    return features
 
 
 def train(
@@ -1012,9 +948,9 @@ def train(
     if not isinstance(model, VQAModel):
         raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
     data = _as_batch(data)
-    features = _check_features(features, data, model)
+    features = checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
     epochs, batch_size = check_int(epochs, "epochs"), check_int(batch_size, "batch_size")
-    seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+    seed = checks.seed_arg(seed)
     check_bool(progress, "progress")
     lr = check_number(lr, "lr", low=0.0, low_open=True)
     weight_decay = check_number(weight_decay, "weight_decay", low=0.0)
@@ -1060,7 +996,7 @@ def evaluate(model: VQAModel, data: SyntheticVQA | VQABatch, features: torch.Ten
     if not isinstance(model, VQAModel):
         raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
     data = _as_batch(data)
-    features = _check_features(features, data, model)
+    features = checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
     batch_size = check_int(batch_size, "batch_size")
     was_training = model.training
     model.eval()
@@ -1132,15 +1068,11 @@ def selection_sweep(
     if model.attention is None:
         raise ValueError("model must have a continuous head (its basis and ridge operator); got 'discrete'")
     data = _as_batch(data)
-    features = _check_features(features, data, model)
-    if isinstance(penalties, (str, bytes)) or not hasattr(penalties, "__iter__"):
-        raise TypeError(f"penalties must be a sequence of numbers; got {type(penalties).__name__}")
-    penalties = [check_number(p, "penalties", low=0.0) for p in penalties]
-    if not penalties:
-        raise ValueError("penalties must hold at least one value")
+    features = checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
+    penalties = checks.penalties_arg(penalties)
     k_max = check_int(model.config["n_components"] if max_components is None else max_components, "max_components")
     n_init, n_iter = check_int(n_init, "n_init"), check_int(n_iter, "n_iter")
-    seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+    seed = checks.seed_arg(seed)
     batch_size = check_int(batch_size, "batch_size")
     cov_floor = getattr(model.attention, "cov_floor", _cell_variance(model.grid))
     was_training = model.training
