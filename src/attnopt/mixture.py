@@ -368,8 +368,9 @@ def weighted_em(
     if k > points.shape[-2]:
         raise ValueError(f"n_components={k} exceeds the number of points N={points.shape[-2]}")
     init = init_arg(init, k, points, generator)
-    if cov_floor > torch.finfo(em.work_dtype(points.dtype)).max:
-        raise ValueError(f"cov_floor={cov_floor:g} is beyond the range of {em.work_dtype(points.dtype)}")
+    work = em.work_dtype(points.dtype)
+    if cov_floor > torch.finfo(work).max:
+        raise ValueError(f"cov_floor={cov_floor:g} is beyond the range of {work}")
     return WeightedEMResult(*em.fit(points, weights, k, n_iter, init, tol, cov_floor, generator))
 
 
