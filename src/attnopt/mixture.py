@@ -29,12 +29,13 @@ the initial means (``"kmeans++"``/``"random"``: discrete choices of locations) a
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from . import _mixture_em as em
+from ._mixture_checks import INITS, data_args, generator_arg, init_arg
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
@@ -42,15 +43,12 @@ from ._validation import (
     check_choice,
     check_finite,
     check_int,
-    check_nonnegative,
     check_number,
     check_probability_vector,
     check_same_device,
     check_same_dtype,
     check_shape_match,
     check_spd,
-    host_reads_allowed,
-    require,
 )
 from .continuous import ContinuousDensity, GaussianRBF, _discrete_weights, _expected_basis, ridge_operator
 
@@ -63,11 +61,6 @@ __all__ = [
     "weighted_em",
     "weighted_log_likelihood",
 ]
-
-_INITS = ("kmeans++", "random", "regions")
-#: Multiple of the unit roundoff in the resolution floor of the covariances (see :func:`weighted_em`).
-_RESOLUTION_ULPS = 10.0
-
 
 class WeightedEMResult(NamedTuple):
     """Result of :func:`weighted_em`.
@@ -144,156 +137,15 @@ class MixtureSelection(NamedTuple):
         ks = torch.arange(k_max - n_candidates + 1, k_max + 1, device=self.criterion.device)
         criterion = self.criterion + (penalty - self.penalty) * ks.to(self.criterion.dtype)
         choice = criterion.argmin(-1)  # first minimum: ties go to the smaller K
-        pick = lambda x, extra: torch.gather(
-            x, choice.ndim, choice.view(*choice.shape, 1, *([1] * extra)).expand(*choice.shape, 1, *x.shape[choice.ndim + 1:])
-        ).squeeze(choice.ndim)
-        cand = self.candidates
-        ll = (self.penalty * ks.to(self.criterion.dtype) - self.criterion) / 2
-        return MixtureSelection(ks[choice], pick(cand.means, 2), pick(cand.covariances, 3), pick(cand.mixing, 1),
-                                pick(ll, 0), criterion, cand, penalty)
+        log_likelihood = (self.penalty * ks.to(self.criterion.dtype) - self.criterion) / 2
+        return _chosen(self.candidates, log_likelihood, criterion, choice, ks, penalty)
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _sym(x: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (x + x.transpose(-1, -2))
-
-
-def _gaussian_log_prob(points: torch.Tensor, means: torch.Tensor, covariances: torch.Tensor) -> torch.Tensor:
-    """``(..., N, K)`` values of :math:`\\log\\mathcal N(t_n;\\mu_k,\\Sigma_k)`.
-
-    ``points`` ``(..., N, D)``, ``means`` ``(..., K, D)``, ``covariances`` ``(..., K, D, D)``.
-    For ``D = 2`` the inverse and the determinant are in closed form (elementwise, much faster than
-    batched 2x2 triangular solves); otherwise ``cholesky_ex`` is used (no host synchronization).  The
-    covariances are SPD by construction.
-    """
-    d = points.shape[-1]
-    if d == 2:
-        a, b, c = (covariances[..., i, j].unsqueeze(-1) for i, j in ((0, 0), (0, 1), (1, 1)))  # (..., K, 1)
-        det = a * c - b * b
-        dx = points[..., 0].unsqueeze(-2) - means[..., 0].unsqueeze(-1)  # (..., K, N)
-        dy = points[..., 1].unsqueeze(-2) - means[..., 1].unsqueeze(-1)
-        maha = (c * dx * dx - 2.0 * b * dx * dy + a * dy * dy) / det
-        logp = -0.5 * (maha + torch.log(det)) - math.log(2.0 * math.pi)
-        return logp.transpose(-1, -2)
-    chol, _ = torch.linalg.cholesky_ex(covariances)  # (..., K, D, D)
-    diff = points.unsqueeze(-3) - means.unsqueeze(-2)  # (..., K, N, D)
-    z = torch.linalg.solve_triangular(chol, diff.transpose(-1, -2), upper=False)  # (..., K, D, N)
-    maha = (z * z).sum(-2)  # (..., K, N)
-    half_logdet = torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)  # (..., K)
-    logp = -0.5 * maha - half_logdet.unsqueeze(-1) - 0.5 * d * math.log(2.0 * math.pi)
-    return logp.transpose(-1, -2)
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half precision has no Cholesky factorization and too little range for a covariance: float32."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def _power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
-    """Entrywise the power of two :math:`2^e\\le x<2^{e+1}` (1 where ``x`` is 0), at least ``tiny``.
-
-    Dividing by a power of two is exact, so a problem rescaled by it is solved with the same
-    rounding (and with none at all where the scale is 1, e.g. for locations in the unit square)."""
-    _, exponent = torch.frexp(x)  # x = m 2^exponent with m in [0.5, 1)
-    scale = torch.where(x > 0, torch.ldexp(torch.ones_like(x), exponent - 1), torch.ones_like(x))
-    return scale.clamp_min(torch.finfo(x.dtype).tiny)
-
-
-class _Floor(NamedTuple):
-    """The covariance floor of :func:`weighted_em`, in its rescaled coordinates."""
-
-    given: torch.Tensor  # (..., 1): cov_floor / s^2
-    roundoff: float  # the unit roundoff u of the user's dtype (half precision is computed in float32)
-
-
-def _resolution_floor(covs: torch.Tensor, roundoff: float) -> torch.Tensor:
-    """``(..., K)`` the smallest diagonal term that keeps the ``(..., K, D, D)`` covariances positive
-    definite in a dtype of unit roundoff ``u``, in coordinates of magnitude below 2 (see
-    :func:`weighted_em`).
-
-    A Gram matrix of collinear or coincident points is singular, and rounding (or rounding the
-    result to the user's dtype) makes its smallest eigenvalue about ``u`` times its trace, of either
-    sign; the means are rounded to about ``u``.  ``10 u (tr Sigma + u)`` dominates both."""
-    trace = torch.diagonal(covs, dim1=-2, dim2=-1).sum(-1)
-    return _RESOLUTION_ULPS * roundoff * (trace + roundoff)
-
-
-def _one_hot(index: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
-    """``one_hot`` without its host read of the largest index (``index`` is in ``[0, k)`` here)."""
-    return (index.unsqueeze(-1) == torch.arange(k, device=index.device)).to(dtype)
-
-
-def _m_step(points, weights, resp, floor):
-    """Weighted M-step (5.12)--(5.15); ``resp`` is ``(..., N, K)``, ``floor`` a :class:`_Floor`.
-
-    Returns means, covs, mixing, N_k; the covariances get ``max(cov_floor, resolution floor)`` on
-    their diagonal."""
-    d = points.shape[-1]
-    rw = weights.unsqueeze(-1) * resp  # (..., N, K)
-    total = weights.sum(-1, keepdim=True)  # (..., 1)
-    # a tiny mass on every component (as sklearn's 10 * eps) keeps empty components finite
-    tiny = 10.0 * torch.finfo(points.dtype).eps * total
-    nk = rw.sum(-2) + tiny  # (..., K)
-    means = torch.einsum("...nk,...nd->...kd", rw, points) / nk.unsqueeze(-1)
-    diff = points.unsqueeze(-3) - means.unsqueeze(-2)  # (..., K, N, D)
-    covs = _sym((diff * rw.transpose(-1, -2).unsqueeze(-1)).transpose(-1, -2) @ diff / nk[..., None, None])
-    diagonal = torch.maximum(floor.given, _resolution_floor(covs, floor.roundoff))  # (..., K)
-    eye = torch.eye(d, dtype=points.dtype, device=points.device)
-    covs = covs + diagonal[..., None, None] * eye
-    mixing = nk / nk.sum(-1, keepdim=True)
-    return means, covs, mixing, nk - tiny
-
-
-def _e_step(points, weights, means, covs, mixing):
-    """Responsibilities (5.7) ``(..., N, K)`` and the weighted log-likelihood (5.16) ``(...)``."""
-    log_joint = _gaussian_log_prob(points, means, covs) + torch.log(mixing).unsqueeze(-2)
-    # one exp for both the normalizer and the responsibilities (a stable logsumexp)
-    shift = log_joint.amax(-1, keepdim=True).detach()
-    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-    e = torch.exp(log_joint - shift)
-    total = e.sum(-1, keepdim=True)
-    resp = e / total
-    log_norm = (torch.log(total) + shift).squeeze(-1)  # (..., N)
-    # zero-weight points contribute nothing (and may have log_norm = -inf far in the tails)
-    ll = torch.where(weights > 0, weights * log_norm, torch.zeros_like(log_norm)).sum(-1)
-    return resp, ll
-
-
-def _gumbel(shape, like, generator):
-    """Standard Gumbel noise :math:`-\\log(-\\log u)`, finite (``u`` and ``-log u`` kept above ``tiny``)."""
-    u = torch.rand(shape, dtype=like.dtype, device=like.device, generator=generator)
-    tiny = torch.finfo(like.dtype).tiny
-    return -torch.log((-torch.log(u.clamp_min(tiny))).clamp_min(tiny))
-
-
-def _seed_kmeanspp(points, log_weights, k, generator):
-    """Weighted k-means++ seeding: first center with probability :math:`\\propto w_l`, then
-    :math:`\\propto w_l\\,\\min_j\\|t_l-c_j\\|^2`.  Sequential over the ``k`` seeds (an
-    initialization, not a hot path); batched over examples by the Gumbel-max trick, with all the
-    noise drawn at once, example by example."""
-    noise = _gumbel((*log_weights.shape[:-1], k, log_weights.shape[-1]), log_weights, generator)  # (..., k, N)
-    idx = (log_weights + noise[..., 0, :]).argmax(-1)  # (...)
-    gather = lambda i: torch.gather(points, -2, i[..., None, None].expand(*i.shape, 1, points.shape[-1])).squeeze(-2)
-    centers = [gather(idx)]
-    d2 = ((points - centers[0].unsqueeze(-2)) ** 2).sum(-1)
-    for j in range(1, k):
-        logits = log_weights + torch.log(d2)
-        idx = (logits + noise[..., j, :]).argmax(-1)
-        centers.append(gather(idx))
-        d2 = torch.minimum(d2, ((points - centers[-1].unsqueeze(-2)) ** 2).sum(-1))
-    return torch.stack(centers, dim=-2)
-
-
-def _seed_random(points, log_weights, k, generator):
-    """``k`` distinct locations drawn without replacement with probability :math:`\\propto w_l`
-    (Gumbel-top-k)."""
-    keys = log_weights + _gumbel(log_weights.shape, log_weights, generator)
-    idx = keys.topk(k, dim=-1).indices  # (..., k)
-    return torch.gather(points, -2, idx.unsqueeze(-1).expand(*idx.shape, points.shape[-1]))
+def _chosen(candidates, log_likelihood, criterion, choice, ks, penalty) -> MixtureSelection:
+    """The :class:`MixtureSelection` that takes candidate ``choice`` ``(...)`` of every example."""
+    pick = lambda x: em.take_along(x, choice)
+    return MixtureSelection(ks[choice], pick(candidates.means), pick(candidates.covariances), pick(candidates.mixing),
+                            pick(log_likelihood), criterion, candidates, penalty)
 
 
 def region_labels(points: torch.Tensor, n_components: int) -> torch.Tensor:
@@ -329,60 +181,7 @@ def region_labels(points: torch.Tensor, n_components: int) -> torch.Tensor:
     if points.shape[-1] < 1:
         raise ValueError(f"points must have shape (..., N, D) with D >= 1; got {tuple(points.shape)}")
     check_finite(points, "points")
-    return _region_labels(points, k)
-
-
-def _region_labels(points, k):
-    if points.shape[-2] == 0:
-        return points.new_zeros(*points.shape[:-1], k)
-    lo = points.amin(-2, keepdim=True)
-    hi = points.amax(-2, keepdim=True)
-    rel = (points - lo) / (hi - lo).clamp_min(torch.finfo(points.dtype).tiny)  # in [0, 1]
-    if k == 4 and points.shape[-1] >= 2:
-        a = (rel[..., 0] >= 0.5).long()
-        b = (rel[..., 1] >= 0.5).long()
-        lab = 2 * a + b
-    else:
-        lab = (rel[..., 0] * k).floor().long().clamp(0, k - 1)
-    return _one_hot(lab, k, points.dtype)
-
-
-def _init_from_resp(points, weights, resp, floor):
-    """Moment-match each group of a hard assignment (Farinhas's (2021) region initialization): means,
-    covariances and mixing (mass of each group).  Groups that are empty or whose covariance is
-    singular get the global moments."""
-    m, c, _, nk = _m_step(points, weights, resp, floor)
-    ones = torch.ones_like(resp[..., :1])
-    gm, gc, _, _ = _m_step(points, weights, ones, floor)  # (..., 1, D), (..., 1, D, D)
-    empty = nk <= 0
-    m = torch.where(empty.unsqueeze(-1), gm, m)
-    _, info = torch.linalg.cholesky_ex(c)
-    c = torch.where(((info > 0) | empty)[..., None, None], gc, c)
-    pi = nk.clamp_min(0) + 10.0 * torch.finfo(points.dtype).eps * weights.sum(-1, keepdim=True)
-    pi = pi / pi.sum(-1, keepdim=True)
-    return m, c, pi
-
-
-def _init_from_means(points, weights, means, floor, n_lloyd=10):
-    """From seed means: a few weighted Lloyd (k-means) steps, then moment matching within each
-    cluster (as scikit-learn initializes from k-means) with *uniform* mixing weights.
-
-    Uniform rather than mass-proportional mixing keeps a seed that landed where the attention
-    weights are negligible from starting (and staying) dead: its cluster's weighted moments sit at
-    the edge nearest the mass, and with :math:`\\pi_k=1/K` it competes for it in the first E-step."""
-    k = means.shape[-2]
-    for _ in range(n_lloyd):
-        d2 = ((points.unsqueeze(-2) - means.unsqueeze(-3)) ** 2).sum(-1)  # (..., N, K)
-        resp = _one_hot(d2.argmin(-1), k, points.dtype)
-        rw = weights.unsqueeze(-1) * resp
-        mass = rw.sum(-2)  # (..., K)
-        new = torch.einsum("...nk,...nd->...kd", rw, points) / mass.clamp_min(torch.finfo(points.dtype).tiny).unsqueeze(-1)
-        means = torch.where((mass > 0).unsqueeze(-1), new, means)
-    d2 = ((points.unsqueeze(-2) - means.unsqueeze(-3)) ** 2).sum(-1)
-    resp = _one_hot(d2.argmin(-1), k, points.dtype)
-    m, c, _ = _init_from_resp(points, weights, resp, floor)
-    mixing = torch.full(m.shape[:-1], 1.0 / k, dtype=points.dtype, device=points.device)
-    return m, c, mixing
+    return em.region_one_hot(points, k)
 
 
 def weighted_log_likelihood(points, weights, means, covariances, mixing) -> torch.Tensor:
@@ -413,7 +212,7 @@ def weighted_log_likelihood(points, weights, means, covariances, mixing) -> torc
         >>> round(ll.item(), 6) == round(-math.log(2 * math.pi), 6)
         True
     """
-    points, weights, batch = _prepare_data(points, weights, positive_sum=False)
+    points, weights, batch = data_args(points, weights, positive_sum=False)
     n, d = points.shape[-2:]
     means = as_float_tensor(means, "means", min_ndim=2, like=points)
     covariances = as_float_tensor(covariances, "covariances", min_ndim=3, like=points)
@@ -433,101 +232,14 @@ def weighted_log_likelihood(points, weights, means, covariances, mixing) -> torc
     check_finite(means, "means")
     check_spd(covariances, "covariances")
     check_probability_vector(mixing, "mixing")
-    work = _work_dtype(points.dtype)
-    args = (t.to(work) for t in (points, weights, means, _sym(covariances), mixing))
-    return _e_step(*args)[1].to(points.dtype)
+    work = em.work_dtype(points.dtype)
+    args = (t.to(work) for t in (points, weights, means, em.symmetric(covariances), mixing))
+    return em.e_step(*args)[1].to(points.dtype)
 
 
 # --------------------------------------------------------------------------------------------
 # weighted EM
 # --------------------------------------------------------------------------------------------
-
-
-def _prepare_data(points, weights, *, positive_sum=True):
-    points = as_float_tensor(points, "points", min_ndim=2)
-    weights = as_float_tensor(weights, "weights", min_ndim=1, like=points)
-    check_same_dtype(weights, "weights", points, "points")
-    check_same_device(weights, "weights", points, "points")
-    if points.shape[-2] < 1 or points.shape[-1] < 1:
-        raise ValueError(f"points must have shape (..., N, D) with N, D >= 1 (at least one point); got {tuple(points.shape)}")
-    check_shape_match(weights, "weights", points, "points", [(-1, -2)])
-    batch = broadcast_shapes(**{"points (leading dims)": points.shape[:-2], "weights (leading dims)": weights.shape[:-1]})
-    if points.numel():
-        # finite, and small enough for a covariance (a squared spread) to be representable
-        bound = math.sqrt(torch.finfo(points.dtype).max) / 4
-        require(points.abs().amax() <= bound,
-                f"points must be finite, with entries of magnitude at most {bound:.3g} (their covariances must be "
-                f"representable in {points.dtype}); found NaN, an infinity or a larger entry: rescale the points")
-    check_finite(weights, "weights")
-    check_nonnegative(weights, "weights")
-    if positive_sum and weights.numel():
-        require((weights.sum(-1) > 0).all(), "weights must have a positive sum over the N points of every example")
-    n, d = points.shape[-2:]
-    return points.expand(*batch, n, d), weights.expand(*batch, n), batch
-
-
-def _check_init(init, k, points, generator):
-    """Validate ``init`` of :func:`weighted_em`: a name, or ``(means, covariances, mixing)`` (``None``
-    where not given) broadcast to the batch, in the dtype and on the device of ``points``."""
-    batch, d = points.shape[:-2], points.shape[-1]
-    if isinstance(init, str):
-        check_choice(init, "init", _INITS)
-        if init != "regions" and generator is not None:
-            if not isinstance(generator, torch.Generator):
-                raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
-            if generator.device.type != points.device.type:
-                raise ValueError(f"generator is on {generator.device} but points are on {points.device}; pass a generator on {points.device}")
-        return init
-    if isinstance(init, dict):
-        unknown = set(init) - {"means", "covariances", "mixing"}
-        if unknown or "means" not in init:
-            raise ValueError(f"init dict must have key 'means' and optionally 'covariances', 'mixing'; got keys {sorted(init)}")
-        given = {"init['means']": init["means"], "init['covariances']": init.get("covariances"), "init['mixing']": init.get("mixing")}
-    elif isinstance(init, torch.Tensor):
-        given = {"init": init, "init['covariances']": None, "init['mixing']": None}
-    else:
-        raise TypeError(f"init must be one of {_INITS}, a tensor of means or a dict; got {type(init).__name__}")
-    out = []
-    for (name, value), trailing, what in zip(given.items(), ((k, d), (k, d, d), (k,)), ("means", "covariances", "mixing weights")):
-        if value is None:
-            out.append(None)
-            continue
-        value = as_float_tensor(value, name, min_ndim=len(trailing), like=points)
-        check_same_dtype(value, name, points, "points")
-        check_same_device(value, name, points, "points")
-        lead = value.shape[: value.ndim - len(trailing)]
-        if tuple(value.shape[-len(trailing):]) != trailing or broadcast_shapes(batch=batch, init=lead) != batch:
-            shape = ", ".join(map(str, trailing))
-            raise ValueError(f"{name} (the initial {what}) must have shape (..., {shape}) with leading dimensions that "
-                             f"broadcast to the batch {tuple(batch)}; got {tuple(value.shape)}")
-        if what == "covariances":
-            check_spd(value, name)
-            value = _sym(value)
-        else:
-            check_finite(value, name)
-        if what == "mixing weights":
-            require((value > 0).all(), f"{name} (the initial mixing weights) must be positive")
-            value = value / value.sum(-1, keepdim=True)
-        out.append(value.expand(*batch, *trailing))
-    return tuple(out)
-
-
-def _initialize(points, weights, log_weights, k, init, floor, generator, scale):
-    """Initial ``(means, covariances, mixing)`` in the rescaled coordinates ``points`` (``scale``
-    ``(...)`` is the factor removed from the user's ones)."""
-    if isinstance(init, str):
-        if init == "regions":
-            return _init_from_resp(points, weights, _region_labels(points, k), floor)
-        seed = _seed_kmeanspp if init == "kmeans++" else _seed_random
-        return _init_from_means(points, weights, seed(points, log_weights, k, generator), floor)
-    means, covs, mixing = (None if t is None else t.to(points.dtype) for t in init)
-    means = means / scale[..., None, None]
-    _, c0, pi0 = _init_from_means(points, weights, means, floor, n_lloyd=0)
-    if covs is not None:
-        c0 = covs / scale[..., None, None, None] / scale[..., None, None, None]
-    if mixing is not None:
-        pi0 = mixing
-    return means, c0, pi0
 
 
 def weighted_em(
@@ -652,60 +364,14 @@ def weighted_em(
     cov_floor = check_number(cov_floor, "cov_floor", low=0.0)
     if tol is not None:
         tol = check_number(tol, "tol", low=0.0, hint=" (or None for a fixed number of iterations)")
-    points, weights, batch = _prepare_data(points, weights)
-    n, d = points.shape[-2:]
-    if k > n:
-        raise ValueError(f"n_components={k} exceeds the number of points N={n}")
-    init = _check_init(init, k, points, generator)
-    dtype, work = points.dtype, _work_dtype(points.dtype)
+    points, weights, _ = data_args(points, weights)
+    if k > points.shape[-2]:
+        raise ValueError(f"n_components={k} exceeds the number of points N={points.shape[-2]}")
+    init = init_arg(init, k, points, generator)
+    work = em.work_dtype(points.dtype)
     if cov_floor > torch.finfo(work).max:
         raise ValueError(f"cov_floor={cov_floor:g} is beyond the range of {work}")
-    points, weights = points.to(work), weights.to(work)
-    log_weights = torch.log(weights)  # for the random seeds, from the weights as given
-    # exact rescaling by powers of two (see the docstring): coordinates below 2, weights below 2; a
-    # scale of at least tiny^(1/4) keeps the resolution floor representable in the user's units
-    least = max(math.sqrt(cov_floor), torch.finfo(work).tiny ** 0.25)
-    scale = _power_of_two_scale(points.abs().amax((-2, -1)).clamp_min(least))  # (...)
-    weight_scale = _power_of_two_scale(weights.amax(-1))
-    points = points / scale[..., None, None]
-    weights = weights / weight_scale[..., None]
-    if cov_floor < torch.finfo(work).tiny:
-        given = torch.zeros_like(scale).unsqueeze(-1)
-    else:  # <= 4 by the choice of scale (the clamp only guards the rounding)
-        given = (cov_floor * scale.reciprocal().square()).clamp_max(4.0).unsqueeze(-1)
-    floor = _Floor(given, torch.finfo(dtype).eps)
-    means, covs, mixing = _initialize(points, weights, log_weights, k, init, floor, generator, scale)
-    resp, ll = _e_step(points, weights, means, covs, mixing)
-    history = []
-    # without host reads, early stopping freezes every example once all have converged
-    frozen = None if tol is None or host_reads_allowed(points) else torch.zeros((), dtype=torch.bool, device=points.device)
-    it = 0
-    for it in range(1, n_iter + 1):
-        step = _m_step(points, weights, resp, floor)[:3]
-        resp, ll_new = _e_step(points, weights, *step)
-        gain = (ll_new - ll) * weight_scale  # in the user's units (the offset of to_user cancels)
-        if frozen is None:
-            (means, covs, mixing), ll = step, ll_new
-            history.append(ll)
-            if tol is not None and bool((gain < tol).all()):
-                break
-        else:
-            means, covs, mixing = (torch.where(frozen, old, new) for old, new in zip((means, covs, mixing), step))
-            ll = torch.where(frozen, ll, ll_new)
-            history.append(ll)
-            frozen = frozen | (gain < tol).all()
-    # back to the user's units: N(t; s mu, s^2 Sigma) = N(t/s; mu, Sigma) / s^D
-    total = weights.sum(-1)
-    log_scale = torch.log(scale)
-    to_user = lambda value: ((value - d * log_scale * total) * weight_scale).to(dtype)
-    return WeightedEMResult(
-        (means * scale[..., None, None]).to(dtype),
-        (covs * scale[..., None, None, None] * scale[..., None, None, None]).to(dtype),
-        mixing.to(dtype),
-        to_user(ll),
-        to_user(torch.stack(history)),
-        it,
-    )
+    return WeightedEMResult(*em.fit(points, weights, k, n_iter, init, tol, cov_floor, generator))
 
 
 # --------------------------------------------------------------------------------------------
@@ -798,23 +464,19 @@ def select_components(
     n_iter = check_int(n_iter, "n_iter")
     penalty = check_number(penalty, "penalty", low=0.0)
     check_choice(init, "init", ("kmeans++", "random"))
-    points, weights, batch = _prepare_data(points, weights)
+    points, weights, batch = data_args(points, weights)
     if k_max > points.shape[-2]:
         raise ValueError(f"max_components={k_max} exceeds the number of points N={points.shape[-2]}")
+    generator_arg(generator, points)
     # normalized (after an exact rescaling by a power of two, so that the sum cannot overflow)
-    weights = weights / _power_of_two_scale(weights.amax(-1, keepdim=True))
+    weights = weights / em.power_of_two_scale(weights.amax(-1, keepdim=True))
     weights = weights / weights.sum(-1, keepdim=True)
     n, d = points.shape[-2:]
-    if generator is not None:
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
-        if generator.device.type != points.device.type:
-            raise ValueError(f"generator is on {generator.device} but points are on {points.device}; pass a generator on {points.device}")
     # a fresh stream per K, seeded from generator (a fixed number of draws from it): an example's
     # initializations then depend on the examples before it only, whatever the size of the batch
     stream_device = generator.device if generator is not None else torch.device("cpu")
     streams = torch.randint(0, 2**62, (k_max - k_min + 1,), generator=generator, device=stream_device).tolist()
-    means_all, covs_all, mix_all, ll_all = [], [], [], []
+    fits = []  # the best fit for each K, padded to K_max components
     for k in range(k_min, k_max + 1):  # candidate models have different shapes: a handful of K
         stream = torch.Generator(device=points.device).manual_seed(streams[k - k_min])
         reps = 1 if k == 1 else n_init
@@ -823,40 +485,14 @@ def select_components(
         p = points.unsqueeze(-3).expand(*batch, reps, n, d)
         w = weights.unsqueeze(-2).expand(*batch, reps, n)
         fit = weighted_em(p, w, k, n_iter=n_iter, init=init, tol=tol, cov_floor=cov_floor, generator=stream)
-        best = fit.log_likelihood.argmax(-1)  # (...)
-        nb = len(batch)
-        pick = lambda x: torch.gather(
-            x, nb, best.view(*batch, 1, *([1] * (x.ndim - nb - 1))).expand(*batch, 1, *x.shape[nb + 1 :])
-        ).squeeze(nb)
-        m, c, pi, ll = pick(fit.means), pick(fit.covariances), pick(fit.mixing), pick(fit.log_likelihood)
-        pad = k_max - k
-        if pad:
-            m = torch.cat([m, m[..., :1, :].expand(*batch, pad, d)], dim=-2)
-            c = torch.cat([c, c[..., :1, :, :].expand(*batch, pad, d, d)], dim=-3)
-            pi = torch.cat([pi, torch.zeros_like(pi[..., :1]).expand(*batch, pad)], dim=-1)
-        means_all.append(m)
-        covs_all.append(c)
-        mix_all.append(pi)
-        ll_all.append(ll)
-    ll = torch.stack(ll_all, dim=-1)  # (..., nK)
-    ks = torch.arange(k_min, k_max + 1, device=points.device)
-    crit = -2.0 * ll + penalty * ks.to(ll.dtype)
-    choice = crit.argmin(-1)  # first minimum: ties go to the smaller K
-    take = lambda xs, extra: torch.gather(
-        torch.stack(xs, dim=len(batch)), len(batch), choice.view(*batch, 1, *([1] * extra)).expand(*batch, 1, *xs[0].shape[len(batch):])
-    ).squeeze(len(batch))
+        fits.append(em.best_padded(fit.means, fit.covariances, fit.mixing, fit.log_likelihood, k_max))
     nb = len(batch)
-    candidates = ContinuousDensity(torch.stack(mix_all, nb), torch.stack(means_all, nb), torch.stack(covs_all, nb))
-    return MixtureSelection(
-        n_components=ks[choice],
-        means=take(means_all, 2),
-        covariances=take(covs_all, 3),
-        mixing=take(mix_all, 1),
-        log_likelihood=torch.gather(ll, -1, choice.unsqueeze(-1)).squeeze(-1),
-        criterion=crit,
-        candidates=candidates,
-        penalty=penalty,
-    )
+    candidates = ContinuousDensity(*(torch.stack([getattr(f, name) for f in fits], nb) for name in ("mixing", "means", "covariances")))
+    log_likelihood = torch.stack([f.log_likelihood for f in fits], dim=-1)  # (..., nK)
+    ks = torch.arange(k_min, k_max + 1, device=points.device)
+    criterion = -2.0 * log_likelihood + penalty * ks.to(log_likelihood.dtype)
+    choice = criterion.argmin(-1)  # first minimum: ties go to the smaller K
+    return _chosen(candidates, log_likelihood, criterion, choice, ks, penalty)
 
 
 # --------------------------------------------------------------------------------------------
@@ -955,7 +591,7 @@ class MultimodalContinuousAttention(nn.Module):
         else:
             self.n_components = check_int(n_components, "n_components")
             self.max_components = self.n_components
-        self.init = check_choice(init, "init", _INITS)
+        self.init = check_choice(init, "init", INITS)
         self.selection_penalty = check_number(selection_penalty, "selection_penalty", low=0.0)
         self.n_init = check_int(n_init, "n_init")
         self.n_iter = check_int(n_iter, "n_iter")
@@ -1068,7 +704,7 @@ class MultimodalContinuousAttention(nn.Module):
 
     def _flat(self, density):
         D = self.locations.shape[-1]
-        cdt = torch.float32 if density.means.dtype in (torch.float16, torch.bfloat16) else density.means.dtype
+        cdt = em.work_dtype(density.means.dtype)
         mu_f = density.means.reshape(-1, D).to(cdt)
         V_f = density.covariances.reshape(-1, D, D).to(cdt)
         centers = self.basis.centers.to(device=mu_f.device, dtype=cdt)

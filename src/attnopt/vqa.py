@@ -37,9 +37,6 @@ References:
 
 from __future__ import annotations
 
-import math
-import sys
-import time
 from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
@@ -47,6 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import _vqa_checks as checks
+from . import _vqa_scenes as scenes
+from . import _vqa_training as training
 from ._validation import (
     as_float_tensor,
     check_bool,
@@ -54,14 +54,11 @@ from ._validation import (
     check_device,
     check_finite,
     check_int,
-    check_nonnegative,
     check_number,
     check_same_device,
-    check_shape_match,
-    require,
 )
 from .continuous import ContinuousAttention, ContinuousDensity, GaussianRBF, grid_locations, padding_locations
-from .mixture import MultimodalContinuousAttention, select_components
+from .mixture import MultimodalContinuousAttention
 
 __all__ = [
     "ANSWERS",
@@ -96,48 +93,23 @@ __all__ = [
 # vocabularies
 # --------------------------------------------------------------------------------------------
 
-#: Colour names and their RGB values (in [0, 1]); the objects of a scene have distinct colours.
-COLOURS: tuple[str, ...] = ("red", "green", "blue", "yellow", "purple", "cyan")
-_RGB = (
-    (0.90, 0.10, 0.10),
-    (0.10, 0.75, 0.20),
-    (0.15, 0.30, 0.95),
-    (0.95, 0.90, 0.10),
-    (0.60, 0.20, 0.80),
-    (0.10, 0.85, 0.90),
-)
-_BACKGROUND = (0.15, 0.15, 0.15)
+# The vocabularies are those the scene generator speaks (defined with it, in ``_vqa_scenes``).
+
+#: Colour names (their RGB values are those of the canvases); the objects of a scene have distinct colours.
+COLOURS: tuple[str, ...] = scenes.COLOURS
 #: Shape names.
-SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
-_PLURAL = ("circles", "squares", "triangles")
-_RADIUS = 0.085  # every object: circle radius in the unit square (squares and triangles alike)
-_BOUND = 1.25  # bounding-circle radius / radius, for every shape
-_MARGIN = 0.02  # minimal gap between bounding circles
-_LEFT_MARGIN = 0.05  # "left" questions only about objects at least this far from the middle
-
+SHAPES: tuple[str, ...] = scenes.SHAPES
 #: Answer types, as in VQA-v2.
-ANSWER_TYPES: tuple[str, ...] = ("yes/no", "number", "other")
-#: The answer vocabulary shared by every question.
-ANSWERS: tuple[str, ...] = ("no", "yes", "1", "2", "3", "4", "5", "6") + SHAPES
-_ANSWER_TYPE_OF = (0, 0) + (1,) * 6 + (2,) * len(SHAPES)
-_A_NO, _A_YES, _A_ONE, _A_SHAPE = 0, 1, 2, 8
-
-#: The question families as (name, answer type, template); ``<c>`` is a colour, ``<s>`` a shape.
-FAMILIES: tuple[tuple[str, str, str], ...] = (
-    ("shape", "other", "what shape is the <c> object ?"),
-    ("left", "yes/no", "is the <c> object on the left ?"),
-    ("same_shape", "yes/no", "is the <c> object the same shape as the <c> object ?"),
-    ("count", "number", "how many <s>s are there ?"),
-)
-_FAMILY_PROBS = (0.3, 0.2, 0.3, 0.2)
-
+ANSWER_TYPES: tuple[str, ...] = scenes.ANSWER_TYPES
+#: The answer vocabulary shared by every question: ``no``, ``yes``, the counts 1--6 and the shapes.
+ANSWERS: tuple[str, ...] = scenes.ANSWERS
+#: The question families as (name, answer type, template); ``<c>`` is a colour, ``<s>`` a shape:
+#: ``shape`` (other), ``left`` (yes/no), ``same_shape`` (yes/no) and ``count`` (number).
+FAMILIES: tuple[tuple[str, str, str], ...] = scenes.FAMILIES
 #: Question-token vocabulary; id 0 is padding.
-VOCAB: tuple[str, ...] = (
-    "<pad>", "what", "shape", "is", "the", "object", "on", "left", "same", "as", "how", "many", "are",
-    "there", "?",
-) + COLOURS + SHAPES + _PLURAL
-_TOK = {w: i for i, w in enumerate(VOCAB)}
-MAX_QUESTION_LENGTH = 12
+VOCAB: tuple[str, ...] = scenes.VOCAB
+#: The longest question, in tokens.
+MAX_QUESTION_LENGTH: int = scenes.MAX_QUESTION_LENGTH
 
 #: What the frozen grid features of a cell hold (:class:`GridEncoder`): the probabilities that its
 #: pixels have each colour (or none) and belong to each shape (or none), and its coordinates.
@@ -145,18 +117,6 @@ FEATURES: tuple[str, ...] = COLOURS + ("no colour",) + SHAPES + ("no shape", "ro
 
 #: Output-attention heads of :class:`VQAModel`.
 HEADS: tuple[str, ...] = ("discrete", "continuous_softmax", "continuous_sparsemax", "mixture", "mixture_selected")
-
-
-def _int_ids(values, name: str, what: str) -> torch.Tensor:
-    try:
-        t = torch.as_tensor(values)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise TypeError(f"{name} must be a tensor or a nested list of {what}; got {type(values).__name__}") from err
-    if t.numel() == 0:
-        t = t.long()
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer {what}; got dtype {t.dtype}")
-    return t
 
 
 def decode(tokens) -> str | list[str]:
@@ -176,7 +136,7 @@ def decode(tokens) -> str | list[str]:
         >>> decode([1, 2, 3, 4, 15, 5, 14, 0, 0])
         'what shape is the red object ?'
     """
-    t = _int_ids(tokens, "tokens", "token ids")
+    t = checks.int_ids(tokens, "tokens", "token ids")
     if t.ndim not in (1, 2):
         raise ValueError(f"tokens must have shape (T,) or (n, T); got {tuple(t.shape)}")
     ids = t.reshape(-1).tolist()  # decoding reads the ids anyway
@@ -205,7 +165,7 @@ def answer_text(answers) -> str | list[str]:
         >>> answer_text(1), answer_text([3, 8])
         ('yes', ['2', 'circle'])
     """
-    a = _int_ids(answers, "answers", "answer ids")
+    a = checks.int_ids(answers, "answers", "answer ids")
     ids = a.reshape(-1).tolist()
     bad = [i for i in ids if not 0 <= i < len(ANSWERS)]
     if bad:
@@ -308,107 +268,6 @@ class VQABatch:
         ]
 
 
-def _sample_scenes(n, generator, min_objects, max_objects, n_candidates=64):
-    """Scene tables: distinct colours, placed by vectorized rejection sampling (a loop over the slots)."""
-    dev = generator.device
-    K = max_objects
-    n_obj = torch.randint(min_objects, max_objects + 1, (n,), generator=generator, device=dev)
-    colours = torch.argsort(torch.rand(n, len(COLOURS), generator=generator, device=dev), -1)[:, :K]
-    shapes = torch.randint(0, len(SHAPES), (n, K), generator=generator, device=dev)
-    bound = _RADIUS * _BOUND
-    cand = bound + torch.rand(n, K, n_candidates, 2, generator=generator, device=dev) * (1 - 2 * bound)
-    centres = torch.zeros(n, K, 2, device=dev)
-    present = torch.zeros(n, K, dtype=torch.bool, device=dev)
-    for k in range(K):  # object slots: at most six
-        ok = torch.ones(n, n_candidates, dtype=torch.bool, device=dev)
-        if k > 0:
-            d = torch.linalg.vector_norm(cand[:, k, :, None, :] - centres[:, None, :k, :], dim=-1)  # (n, M, k)
-            ok = ~((d < 2 * bound + _MARGIN) & present[:, None, :k]).any(-1)
-        first = ok.to(torch.int8).argmax(-1)
-        centres[:, k] = cand[:, k][torch.arange(n, device=dev), first]
-        present[:, k] = ok.any(-1) & (k < n_obj)
-    return present, colours, shapes, centres
-
-
-def _rasterize(present, shapes, centres, colours, size):
-    """``(S, 3, size, size)`` canvases and ``(S, size, size)`` int8 slot labels (objects do not overlap)."""
-    dev = centres.device
-    u = (torch.arange(size, device=dev) + 0.5) / size
-    dx = u.view(1, 1, 1, -1) - centres[..., 0, None, None]  # (S, K, 1, W)
-    dy = u.view(1, 1, -1, 1) - centres[..., 1, None, None]  # (S, K, H, 1)
-    r = _RADIUS
-    circle = dx * dx + dy * dy <= r * r
-    square = torch.maximum(dx.abs(), dy.abs()) <= 0.85 * r
-    # a triangle with its apex up: rows from -r (apex) to 0.75 r (base), half-width growing to r
-    triangle = (dy >= -r) & (dy <= 0.75 * r) & (dx.abs() <= (dy + r) / 1.75)
-    s = shapes[..., None, None]
-    occ = torch.where(s == 0, circle, torch.where(s == 1, square, triangle)) & present[..., None, None]
-    labels = torch.where(occ.any(1), occ.to(torch.int8).argmax(1).to(torch.int8), torch.tensor(-1, dtype=torch.int8, device=dev))
-    rgb = torch.tensor(_RGB, device=dev)[colours]  # (S, K, 3)
-    bg = torch.tensor(_BACKGROUND, device=dev)
-    images = bg[:, None, None] + torch.einsum("skhw,skc->schw", occ.float(), rgb - bg)
-    return images, labels
-
-
-def _choose(u: float, options: Sequence):
-    return options[min(int(u * len(options)), len(options) - 1)]
-
-
-def _make_question(family, objs, u):
-    """One question of ``family`` about ``objs`` = [(slot, colour, shape, x)], from uniforms ``u``,
-    as ``(tokens, answer, relevant_slots)``, or ``None`` if the scene cannot have one."""
-    if family == 0:  # what shape is the <c> object ?
-        k, c, s, _ = _choose(u[0], objs)
-        return ["what", "shape", "is", "the", COLOURS[c], "object", "?"], _A_SHAPE + s, [k]
-    if family == 1:  # is the <c> object on the left ?
-        clear = [o for o in objs if abs(o[3] - 0.5) > _LEFT_MARGIN]
-        if not clear:
-            return None
-        k, c, _, x = _choose(u[0], clear)
-        return ["is", "the", COLOURS[c], "object", "on", "the", "left", "?"], _A_YES if x < 0.5 else _A_NO, [k]
-    if family == 2:  # is the <c1> object the same shape as the <c2> object ?  (yes/no balanced)
-        pairs = [(a, b) for i, a in enumerate(objs) for b in objs[i + 1:]]
-        if not pairs:
-            return None
-        same = [p for p in pairs if p[0][2] == p[1][2]]
-        different = [p for p in pairs if p[0][2] != p[1][2]]
-        a, b = _choose(u[0], same if (u[1] < 0.5 and same) or not different else different)
-        if u[2] < 0.5:
-            a, b = b, a
-        toks = ["is", "the", COLOURS[a[1]], "object", "the", "same", "shape", "as", "the", COLOURS[b[1]], "object", "?"]
-        return toks, _A_YES if a[2] == b[2] else _A_NO, [a[0], b[0]]
-    _, _, s, _ = _choose(u[0], objs)  # how many <s>s are there ?  (size-biased: the shape of an object)
-    rel = [o[0] for o in objs if o[2] == s]
-    return ["how", "many", _PLURAL[s], "are", "there", "?"], _A_ONE + len(rel) - 1, rel
-
-
-def _questions(present, colours, shapes, centres, q_per_scene, generator):
-    """Questions about every scene (a little Python per question over at most six objects)."""
-    n = present.shape[0]
-    total = n * q_per_scene
-    dev = generator.device
-    draws = torch.multinomial(torch.tensor(_FAMILY_PROBS, device=dev), total, replacement=True, generator=generator)
-    u = torch.rand(total, 3, generator=generator, device=dev).tolist()
-    fam_l = draws.tolist()
-    pres, col, shp, x = present.tolist(), colours.tolist(), shapes.tolist(), centres[..., 0].tolist()
-    K = present.shape[1]
-    out = {"questions": [], "answers": [], "families": [], "relevant": []}
-    for i in range(total):
-        s = i // q_per_scene
-        objs = [(k, col[s][k], shp[s][k], x[s][k]) for k in range(K) if pres[s][k]]
-        for attempt in range(len(FAMILIES)):  # an infeasible family falls back to the next one
-            family = (fam_l[i] + attempt) % len(FAMILIES)
-            made = _make_question(family, objs, u[i])
-            if made is not None:
-                break
-        toks, answer, rel = made
-        out["questions"].append([_TOK[w] for w in toks] + [0] * (MAX_QUESTION_LENGTH - len(toks)))
-        out["answers"].append(answer)
-        out["families"].append(family)
-        out["relevant"].append([k in rel for k in range(K)])
-    return {k: torch.tensor(v, dtype=torch.bool if k == "relevant" else torch.long, device=dev) for k, v in out.items()}
-
-
 def make_batch(
     n_scenes: int,
     generator: torch.Generator | None = None,
@@ -473,23 +332,13 @@ def make_batch(
         raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
     if generator is None:
         generator = torch.Generator().manual_seed(0)
-    present, colours, shapes, centres = _sample_scenes(n_scenes, generator, min_objects, max_objects)
-    q = _questions(present, colours, shapes, centres, questions_per_scene, generator)
-    images, labels = [], []
-    for s in range(0, n_scenes, chunk):  # chunks bound the (chunk, K, H, W) masks
-        sl = slice(s, s + chunk)
-        im, lab = _rasterize(present[sl], shapes[sl], centres[sl], colours[sl], canvas)
-        images.append(im)
-        labels.append(lab)
-    images, labels = torch.cat(images), torch.cat(labels)
-    if noise > 0:
-        images = (images + noise * torch.randn(images.shape, generator=generator, device=images.device)).clamp(0, 1)
-    slots = torch.arange(max_objects, device=labels.device, dtype=labels.dtype)
-    pixels = (labels.unsqueeze(1) == slots.view(1, -1, 1, 1)).float()  # (S, K, H, W)
-    object_cells = F.max_pool2d(pixels, canvas // grid) > 0
-    types = torch.tensor(_ANSWER_TYPE_OF, device=q["answers"].device)
+    tables = scenes.sample_scenes(n_scenes, generator, min_objects, max_objects)
+    q = scenes.questions(tables, questions_per_scene, generator)
+    images, labels, object_cells = scenes.render(tables, canvas, grid, chunk, noise, generator)
+    types = torch.tensor(scenes.ANSWER_TYPE_OF, device=q["answers"].device)
     return VQABatch(
-        images=images, labels=labels, present=present, colours=colours, shapes=shapes, centres=centres,
+        images=images, labels=labels, present=tables.present, colours=tables.colours, shapes=tables.shapes,
+        centres=tables.centres,
         object_cells=object_cells,
         scene=torch.arange(n_scenes, device=images.device).repeat_interleave(questions_per_scene),
         questions=q["questions"], answers=q["answers"], answer_types=types[q["answers"]], families=q["families"],
@@ -534,7 +383,7 @@ class SyntheticVQA(torch.utils.data.Dataset):
         device: torch.device | str | None = None,
     ):
         n_scenes = check_int(n_scenes, "n_scenes")
-        seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+        seed = checks.seed_arg(seed)
         if device is not None:
             device = check_device(device, "device")
         g = torch.Generator().manual_seed(seed)
@@ -623,40 +472,6 @@ class GridEncoder(nn.Module):
         return torch.cat([probs, self.coords.to(probs).expand(probs.shape[0], -1, -1)], -1)
 
 
-def _cell_targets(data: VQABatch, scenes, G: int):
-    """Share of each cell's pixels with each colour (or none) and each shape (or none)."""
-    labels = data.labels[scenes].long()  # (b, H, W)
-    on = labels >= 0
-    k = labels.clamp_min(0).flatten(1)
-    colour = torch.where(on, torch.gather(data.colours[scenes], 1, k).view_as(labels), len(COLOURS))
-    shape = torch.where(on, torch.gather(data.shapes[scenes], 1, k).view_as(labels), len(SHAPES))
-    cell = labels.shape[-1] // G
-    share = lambda c, m: F.avg_pool2d(F.one_hot(c, m).permute(0, 3, 1, 2).float(), cell)
-    return share(colour, len(COLOURS) + 1), share(shape, len(SHAPES) + 1)
-
-
-class _Progress:
-    """A text progress bar on stderr (tqdm's, when installed), or nothing."""
-
-    def __init__(self, total: int, desc: str, enabled: bool):
-        self.bar = None
-        if enabled:
-            try:
-                from tqdm.std import tqdm
-            except ImportError:  # pragma: no cover - tqdm is a dependency of the course
-                tqdm = None
-            if tqdm is not None:
-                self.bar = tqdm(total=total, desc=desc, leave=False, file=sys.stderr, mininterval=0.5)
-
-    def update(self, n: int = 1):
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-
-
 def pretrain_encoder(
     encoder: GridEncoder,
     data: SyntheticVQA | VQABatch,
@@ -704,39 +519,11 @@ def pretrain_encoder(
     epochs, batch_size = check_int(epochs, "epochs"), check_int(batch_size, "batch_size")
     lr = check_number(lr, "lr", low=0.0, low_open=True)
     object_weight = check_number(object_weight, "object_weight", low=0.0)
-    seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+    seed = checks.seed_arg(seed)
     check_bool(progress, "progress")
     if data.images.shape[-1] % encoder.grid:
         raise ValueError(f"the canvas ({data.images.shape[-1]} px) must be a multiple of the encoder's grid ({encoder.grid})")
-    dev = encoder.coords.device
-    n = data.n_scenes
-    steps = math.ceil(n / batch_size)
-    opt = torch.optim.Adam(encoder.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * steps, pct_start=0.2)
-    g = torch.Generator().manual_seed(seed)
-    encoder.train()
-    history = {"loss": []}
-    bar = _Progress(epochs * steps, "encoder", progress)
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=g).to(data.images.device)
-        total = torch.zeros((), device=dev)
-        for s in range(0, n, batch_size):
-            idx = perm[s:s + batch_size]
-            colour_t, shape_t = (t.to(dev) for t in _cell_targets(data, idx, encoder.grid))
-            weight = 1.0 + object_weight * (1.0 - colour_t[:, -1:])
-            colour, shape = encoder.logits(data.images[idx].to(dev))
-            loss = -(weight * colour_t * F.log_softmax(colour, 1)).sum(1).mean() \
-                - (weight * shape_t * F.log_softmax(shape, 1)).sum(1).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += loss.detach() * len(idx)
-            bar.update()
-        history["loss"].append(float(total) / n)
-    bar.close()
-    encoder.eval()
-    return history
+    return training.pretrain_epochs(encoder, data, epochs, batch_size, lr, object_weight, seed, progress)
 
 
 @torch.no_grad()
@@ -822,6 +609,13 @@ class VQAOutput:
 _MIXTURE_KWARGS = ("cov_floor", "differentiate_em", "init", "n_init", "n_iter", "selection_penalty")
 
 
+def _cell_variance(grid: int) -> float:
+    """:math:`h^2/12`, the variance of a grid cell of side :math:`h=1/(G-1)`: the covariance floor of
+    the mixture heads (a component narrower than a cell would fit a single row of cells, see
+    :func:`~attnopt.mixture.select_components`)."""
+    return 1.0 / (12 * (grid - 1) ** 2)
+
+
 def _head(kind, grid, basis, penalty, uniform_mix, n_quadrature, n_components, mixture_kwargs):
     """The library module behind a head (``None`` for discrete attention)."""
     locations = grid_locations(grid)
@@ -830,8 +624,7 @@ def _head(kind, grid, basis, penalty, uniform_mix, n_quadrature, n_components, m
         return ContinuousAttention(basis, locations, family=family, penalty=penalty, padding=True,
                                    uniform_mix=uniform_mix, n_quadrature=n_quadrature)
     if kind in ("mixture", "mixture_selected"):
-        # a component narrower than a grid cell would fit a single row of cells (see select_components)
-        kw = {"cov_floor": 1.0 / (12 * (grid - 1) ** 2), "n_iter": 2 if kind == "mixture" else 20,
+        kw = {"cov_floor": _cell_variance(grid), "n_iter": 2 if kind == "mixture" else 20,
               "init": "regions", **(mixture_kwargs or {})}
         k = "auto" if kind == "mixture_selected" else n_components
         return MultimodalContinuousAttention(basis, locations, k, max_components=n_components, penalty=penalty,
@@ -913,13 +706,7 @@ class VQAModel(nn.Module):
         check_number(basis_sigma, "basis_sigma", low=0.0, low_open=True)
         check_number(penalty, "penalty", low=0.0)
         check_number(uniform_mix, "uniform_mix", low=0.0, high=1.0)
-        if mixture_kwargs is not None:
-            if not isinstance(mixture_kwargs, dict):
-                raise TypeError(f"mixture_kwargs must be a dict or None; got {type(mixture_kwargs).__name__}")
-            unknown = sorted(set(mixture_kwargs) - set(_MIXTURE_KWARGS))
-            if unknown:
-                raise TypeError(f"mixture_kwargs has keys {unknown} that MultimodalContinuousAttention does not take "
-                                f"here; it takes {_MIXTURE_KWARGS}")
+        checks.mixture_kwargs_arg(mixture_kwargs, _MIXTURE_KWARGS)
         self.head_name, self.grid, self.feature_dim = head, grid, feature_dim
         self.config = dict(feature_dim=feature_dim, grid=grid, hidden=hidden, embedding_dim=embedding_dim,
                            n_basis_per_axis=n_basis_per_axis, basis_sigma=basis_sigma, penalty=penalty,
@@ -938,25 +725,6 @@ class VQAModel(nn.Module):
         self.fuse_q = nn.Linear(hidden, hidden)
         self.classifier = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, len(ANSWERS)))
         self.register_buffer("device_marker", torch.zeros(()), persistent=False)
-
-    def _check_inputs(self, features, questions):
-        features = as_float_tensor(features, "features", min_ndim=3)
-        L = self.grid * self.grid
-        if features.ndim != 3 or features.shape[1:] != (L, self.feature_dim):
-            raise ValueError(f"features must have shape (B, {L}, {self.feature_dim}); got {tuple(features.shape)}")
-        check_same_device(features, "features", self.device_marker, "the model")
-        check_finite(features, "features")
-        if not isinstance(questions, torch.Tensor) or questions.is_floating_point() or questions.is_complex() \
-                or questions.dtype == torch.bool:
-            what = f"dtype {questions.dtype}" if isinstance(questions, torch.Tensor) else type(questions).__name__
-            raise TypeError(f"questions must be a tensor of integer token ids; got {what}")
-        if questions.ndim != 2 or not 1 <= questions.shape[1] <= MAX_QUESTION_LENGTH:
-            raise ValueError(f"questions must have shape (B, T) with 1 <= T <= {MAX_QUESTION_LENGTH}; "
-                             f"got {tuple(questions.shape)}")
-        check_shape_match(questions, "questions", features, "features", [(0, 0)])
-        check_same_device(questions, "questions", self.device_marker, "the model")
-        require(((questions >= 0) & (questions < len(VOCAB))).all(), f"questions must hold ids in [0, {len(VOCAB)}) (VOCAB)")
-        return features, questions
 
     def encode_question(self, questions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(query, q)``: the ``(B, feature_dim)`` vector the cell features are scored against, and ``(B, hidden)``."""
@@ -981,7 +749,7 @@ class VQAModel(nn.Module):
             ValueError: shapes other than these, another device, NaN or infinite features, ids out
                 of range.
         """
-        features, questions = self._check_inputs(features, questions)
+        features, questions = checks.model_inputs(features, questions, self.grid, self.feature_dim, self.device_marker)
         query, q = self.encode_question(questions)
         scores = torch.einsum("bld,bd->bl", features, query.to(features.dtype))
         weights = torch.softmax(scores, -1)
@@ -1112,24 +880,7 @@ def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> t
         >>> attention_precision(torch.ones(4, 4), mask).item()
         0.5
     """
-    from ._validation import broadcast_shapes
-
-    a = as_float_tensor(attention_map, "attention_map", min_ndim=2)
-    if a.shape[-2] < 1 or a.shape[-1] < 1:
-        raise ValueError(f"attention_map must have shape (..., H, W) with H, W >= 1; got {tuple(a.shape)}")
-    check_finite(a, "attention_map")
-    check_nonnegative(a, "attention_map")
-    try:
-        m = torch.as_tensor(gt_mask, device=a.device)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise TypeError(f"gt_mask must be a tensor of bools or numbers; got {type(gt_mask).__name__}") from err
-    if m.is_complex():
-        raise TypeError(f"gt_mask must hold bools or real numbers; got dtype {m.dtype}")
-    if m.ndim < 2 or m.shape[-2] < 1 or m.shape[-1] < 1:
-        raise ValueError(f"gt_mask must have shape (..., H', W') with H', W' >= 1; got shape {tuple(m.shape)}")
-    check_finite(m, "gt_mask")
-    broadcast_shapes(**{"attention_map (leading dims)": a.shape[:-2], "gt_mask (leading dims)": m.shape[:-2]})
-    m = (m != 0).to(a.dtype)
+    a, m = checks.precision_args(attention_map, gt_mask)
     if m.shape[-2:] != a.shape[-2:]:
         H, W = a.shape[-2:]
         lead = m.shape[:-2]
@@ -1146,15 +897,6 @@ def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> t
 # --------------------------------------------------------------------------------------------
 # training and evaluation
 # --------------------------------------------------------------------------------------------
-
-
-def _check_features(features, data: VQABatch, model: VQAModel, name: str = "features") -> torch.Tensor:
-    features = as_float_tensor(features, name, min_ndim=3)
-    L = model.grid * model.grid
-    if features.ndim != 3 or features.shape[0] != data.n_scenes or features.shape[1:] != (L, model.feature_dim):
-        raise ValueError(f"{name} must have shape (S, {L}, {model.feature_dim}) with S = {data.n_scenes} scenes; "
-                         f"got {tuple(features.shape)}")
-    return features
 
 
 def train(
@@ -1206,63 +948,21 @@ def train(
     if not isinstance(model, VQAModel):
         raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
     data = _as_batch(data)
-    features = _check_features(features, data, model)
+    features = checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
     epochs, batch_size = check_int(epochs, "epochs"), check_int(batch_size, "batch_size")
-    seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+    seed = checks.seed_arg(seed)
     check_bool(progress, "progress")
     lr = check_number(lr, "lr", low=0.0, low_open=True)
     weight_decay = check_number(weight_decay, "weight_decay", low=0.0)
     beta = check_number(attention_supervision, "attention_supervision", low=0.0)
-    dev = model.device_marker.device
     check_same_device(features, "features", model.device_marker, "the model")
-    torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed)
-    n = len(data)
-    steps = math.ceil(n / batch_size)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * steps, pct_start=0.2)
-    history: dict[str, list] = {"loss": [], "accuracy": [], "epoch_time": []}
-    bar = _Progress(epochs * steps, model.head_name, progress)
-    model.train()
-    for _ in range(epochs):
-        t0 = time.perf_counter()
-        perm = torch.randperm(n, generator=g).to(data.answers.device)
-        total_loss, correct = torch.zeros((), device=dev), torch.zeros((), device=dev)
-        for s in range(0, n, batch_size):
-            idx = perm[s:s + batch_size]
-            out = model(features[data.scene[idx]].to(dev), data.questions[idx].to(dev))
-            y = data.answers[idx].to(dev)
-            loss = F.cross_entropy(out.logits, y)
-            if beta > 0:
-                on_mask = (attention_map(out) * data.index(idx).grid_masks.to(dev)).sum((-2, -1))
-                loss = loss - beta * torch.log(on_mask.clamp_min(1e-12)).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            total_loss += loss.detach() * len(idx)
-            correct += (out.logits.argmax(-1) == y).sum()
-            bar.update()
-        history["loss"].append(float(total_loss) / n)
-        history["accuracy"].append(float(correct) / n)
-        history["epoch_time"].append(time.perf_counter() - t0)
-    bar.close()
-    model.eval()
-    return history
 
+    def supervision(out, idx):  # -beta log(the head's attention on the ground-truth cells)
+        on_mask = (attention_map(out) * data.index(idx).grid_masks.to(out.logits.device)).sum((-2, -1))
+        return -beta * torch.log(on_mask.clamp_min(1e-12)).mean()
 
-def _summary(correct, types, families, precision) -> dict[str, float]:
-    res = {"overall": correct.mean().item()}
-    for k, name in enumerate(ANSWER_TYPES):
-        sel = types == k
-        res[name] = correct[sel].mean().item() if sel.any() else float("nan")
-    for k, (name, _, _) in enumerate(FAMILIES):
-        sel = families == k
-        res[name] = correct[sel].mean().item() if sel.any() else float("nan")
-    if precision is not None:
-        res["attention_precision"] = precision.mean().item()
-    res["n"] = int(correct.numel())
-    return res
+    return training.train_epochs(model, data, features, epochs, batch_size, lr, weight_decay, seed, progress,
+                                 supervision if beta > 0 else None)
 
 
 @torch.no_grad()
@@ -1296,7 +996,7 @@ def evaluate(model: VQAModel, data: SyntheticVQA | VQABatch, features: torch.Ten
     if not isinstance(model, VQAModel):
         raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
     data = _as_batch(data)
-    features = _check_features(features, data, model)
+    features = checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
     batch_size = check_int(batch_size, "batch_size")
     was_training = model.training
     model.eval()
@@ -1308,7 +1008,7 @@ def evaluate(model: VQAModel, data: SyntheticVQA | VQABatch, features: torch.Ten
         correct.append((out.logits.argmax(-1) == b.answers.to(dev)).cpu())
         precision.append(attention_precision(attention_map(out), b.grid_masks.to(dev)).cpu())
     model.train(was_training)
-    return _summary(torch.cat(correct).float(), data.answer_types.cpu(), data.families.cpu(), torch.cat(precision))
+    return training.summary(torch.cat(correct).float(), data.answer_types.cpu(), data.families.cpu(), torch.cat(precision))
 
 
 @torch.no_grad()
@@ -1368,44 +1068,21 @@ def selection_sweep(
     if model.attention is None:
         raise ValueError("model must have a continuous head (its basis and ridge operator); got 'discrete'")
     data = _as_batch(data)
-    features = _check_features(features, data, model)
-    if isinstance(penalties, (str, bytes)) or not hasattr(penalties, "__iter__"):
-        raise TypeError(f"penalties must be a sequence of numbers; got {type(penalties).__name__}")
-    penalties = [check_number(p, "penalties", low=0.0) for p in penalties]
-    if not penalties:
-        raise ValueError("penalties must hold at least one value")
-    head = model.attention
+    features = checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
+    penalties = checks.penalties_arg(penalties)
     k_max = check_int(model.config["n_components"] if max_components is None else max_components, "max_components")
     n_init, n_iter = check_int(n_init, "n_init"), check_int(n_iter, "n_iter")
-    seed = check_int(seed, "seed", -(2**63), 2**64 - 1)
+    seed = checks.seed_arg(seed)
     batch_size = check_int(batch_size, "batch_size")
-    cov_floor = getattr(head, "cov_floor", 1.0 / (12 * (model.grid - 1) ** 2))
+    cov_floor = getattr(model.attention, "cov_floor", _cell_variance(model.grid))
     was_training = model.training
     model.eval()
-    dev = model.device_marker.device
-    g = torch.Generator(device=dev).manual_seed(seed)
-    locations = head.locations
-    k_star = {p: [] for p in penalties}
-    correct = {p: [] for p in penalties}
-    for s in range(0, len(data), batch_size):
-        b = data.index(slice(s, s + batch_size))
-        h, questions = features[b.scene].to(dev), b.questions.to(dev)
-        query, q = model.encode_question(questions)
-        weights = torch.softmax(torch.einsum("bld,bd->bl", h, query.to(h.dtype)), -1)
-        fits = select_components(locations.to(weights), weights, k_max, penalties[0], n_init, n_iter,
-                                 cov_floor=cov_floor, generator=g)
-        B = torch.einsum("bld,ln->bdn", h, head.ridge_operator.to(h))
-        for p in penalties:
-            chosen = fits.with_penalty(p)
-            r = chosen.density.expected_basis(head.basis)
-            logits = model.classify((B @ r.unsqueeze(-1)).squeeze(-1), q)
-            k_star[p].append(chosen.n_components.cpu())
-            correct[p].append((logits.argmax(-1) == b.answers.to(dev)).cpu())
+    g = torch.Generator(device=model.device_marker.device).manual_seed(seed)
+    fits = training.sweep_penalties(model, data, features, penalties, k_max, n_init, n_iter, cov_floor, g, batch_size)
     model.train(was_training)
     out = {}
-    for p in penalties:
-        ks = torch.cat(k_star[p])
-        res = _summary(torch.cat(correct[p]).float(), data.answer_types.cpu(), data.families.cpu(), None)
+    for p, (ks, correct) in fits.items():
+        res = training.summary(correct.float(), data.answer_types.cpu(), data.families.cpu(), None)
         res["k_star_shares"] = [float((ks == k).float().mean()) for k in range(1, k_max + 1)]
         out[p] = res
     return out

@@ -14,7 +14,7 @@ from dataclasses import fields
 import pytest
 import torch
 
-from attnopt import vqa
+from attnopt import _vqa_scenes, vqa
 from attnopt.continuous import grid_locations
 from attnopt.mixture import select_components
 
@@ -40,7 +40,7 @@ def features(data):
 @pytest.fixture(scope="module")
 def oracle_features(data):
     """What a perfect encoder would give: the share of each cell on each colour and shape."""
-    colour, shape = vqa._cell_targets(data, torch.arange(data.n_scenes), data.grid)
+    colour, shape = _vqa_scenes.cell_targets(data, torch.arange(data.n_scenes), data.grid)
     probs = torch.cat([colour, shape], 1).flatten(2).transpose(1, 2)
     return torch.cat([probs, grid_locations(data.grid).expand(data.n_scenes, -1, -1)], -1)
 

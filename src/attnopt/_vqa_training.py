@@ -1,0 +1,168 @@
+r"""The engine of the experiment of :mod:`attnopt.vqa`: the optimization loops of
+:func:`~attnopt.vqa.pretrain_encoder` and :func:`~attnopt.vqa.train`, the fits of
+:func:`~attnopt.vqa.selection_sweep`, the accuracy tables and a progress bar.
+
+Both training loops use Adam(W) with a one-cycle learning rate (Smith and Topin, 2019) over
+shuffled minibatches; their losses stay on the device and are read once per epoch.
+
+References:
+    Smith, L. N. and Topin, N. (2019). Super-convergence: very fast training of neural networks
+    using large learning rates (the one-cycle schedule).
+    Farinhas (2021), §6.3.1 (test-time selection of the number of components).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ._vqa_scenes import ANSWER_TYPES, FAMILIES, cell_targets
+from .mixture import select_components
+
+
+class Progress:
+    """A text progress bar on stderr (tqdm's, when installed), or nothing."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm.std import tqdm
+            except ImportError:  # pragma: no cover - tqdm is a dependency of the course
+                tqdm = None
+            if tqdm is not None:
+                self.bar = tqdm(total=total, desc=desc, leave=False, file=sys.stderr, mininterval=0.5)
+
+    def update(self, n: int = 1):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+class OneCycle:
+    """An optimizer with a one-cycle learning rate over ``epochs`` passes of ``steps`` minibatches."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr: float, epochs: int, steps: int):
+        self.optimizer = optimizer
+        self.schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=epochs * steps, pct_start=0.2)
+
+    def step(self, loss: torch.Tensor) -> None:
+        """One gradient step on ``loss`` and one step of the learning rate."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.schedule.step()
+
+
+def pretrain_epochs(encoder, data, epochs, batch_size, lr, object_weight, seed, progress) -> dict[str, list]:
+    """The loop of :func:`~attnopt.vqa.pretrain_encoder` on checked arguments."""
+    dev = encoder.coords.device
+    n = data.n_scenes
+    steps = math.ceil(n / batch_size)
+    opt = OneCycle(torch.optim.Adam(encoder.parameters(), lr=lr), lr, epochs, steps)
+    g = torch.Generator().manual_seed(seed)
+    encoder.train()
+    history = {"loss": []}
+    bar = Progress(epochs * steps, "encoder", progress)
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=g).to(data.images.device)
+        total = torch.zeros((), device=dev)
+        for s in range(0, n, batch_size):
+            idx = perm[s:s + batch_size]
+            colour_t, shape_t = (t.to(dev) for t in cell_targets(data, idx, encoder.grid))
+            weight = 1.0 + object_weight * (1.0 - colour_t[:, -1:])
+            colour, shape = encoder.logits(data.images[idx].to(dev))
+            loss = -(weight * colour_t * F.log_softmax(colour, 1)).sum(1).mean() \
+                - (weight * shape_t * F.log_softmax(shape, 1)).sum(1).mean()
+            opt.step(loss)
+            total += loss.detach() * len(idx)
+            bar.update()
+        history["loss"].append(float(total) / n)
+    bar.close()
+    encoder.eval()
+    return history
+
+
+def train_epochs(model, data, features, epochs, batch_size, lr, weight_decay, seed, progress,
+                 auxiliary_loss: Callable | None) -> dict[str, list]:
+    """The loop of :func:`~attnopt.vqa.train` on checked arguments; ``auxiliary_loss(output, idx)``
+    (or ``None``) is added to the cross-entropy of the questions ``idx``."""
+    dev = model.device_marker.device
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    n = len(data)
+    steps = math.ceil(n / batch_size)
+    opt = OneCycle(torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay), lr, epochs, steps)
+    history: dict[str, list] = {"loss": [], "accuracy": [], "epoch_time": []}
+    bar = Progress(epochs * steps, model.head_name, progress)
+    model.train()
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        perm = torch.randperm(n, generator=g).to(data.answers.device)
+        total_loss, correct = torch.zeros((), device=dev), torch.zeros((), device=dev)
+        for s in range(0, n, batch_size):
+            idx = perm[s:s + batch_size]
+            out = model(features[data.scene[idx]].to(dev), data.questions[idx].to(dev))
+            y = data.answers[idx].to(dev)
+            loss = F.cross_entropy(out.logits, y)
+            if auxiliary_loss is not None:
+                loss = loss + auxiliary_loss(out, idx)
+            opt.step(loss)
+            total_loss += loss.detach() * len(idx)
+            correct += (out.logits.argmax(-1) == y).sum()
+            bar.update()
+        history["loss"].append(float(total_loss) / n)
+        history["accuracy"].append(float(correct) / n)
+        history["epoch_time"].append(time.perf_counter() - t0)
+    bar.close()
+    model.eval()
+    return history
+
+
+def summary(correct, types, families, precision) -> dict[str, float]:
+    """Accuracy overall, per answer type and per question family (``nan`` where absent), the mean
+    attention precision (unless ``None``) and the number of questions."""
+    res = {"overall": correct.mean().item()}
+    for k, name in enumerate(ANSWER_TYPES):
+        sel = types == k
+        res[name] = correct[sel].mean().item() if sel.any() else float("nan")
+    for k, (name, _, _) in enumerate(FAMILIES):
+        sel = families == k
+        res[name] = correct[sel].mean().item() if sel.any() else float("nan")
+    if precision is not None:
+        res["attention_precision"] = precision.mean().item()
+    res["n"] = int(correct.numel())
+    return res
+
+
+def sweep_penalties(model, data, features, penalties, k_max, n_init, n_iter, cov_floor, generator,
+                    batch_size) -> dict[float, tuple[torch.Tensor, torch.Tensor]]:
+    """The fits of :func:`~attnopt.vqa.selection_sweep` on checked arguments (model in eval mode):
+    for each penalty, ``(K*, correct)`` per question, on the CPU."""
+    head = model.attention
+    dev = model.device_marker.device
+    k_star = {p: [] for p in penalties}
+    correct = {p: [] for p in penalties}
+    for s in range(0, len(data), batch_size):
+        b = data.index(slice(s, s + batch_size))
+        h, questions = features[b.scene].to(dev), b.questions.to(dev)
+        query, q = model.encode_question(questions)
+        weights = torch.softmax(torch.einsum("bld,bd->bl", h, query.to(h.dtype)), -1)
+        fits = select_components(head.locations.to(weights), weights, k_max, penalties[0], n_init, n_iter,
+                                 cov_floor=cov_floor, generator=generator)
+        B = torch.einsum("bld,ln->bdn", h, head.ridge_operator.to(h))
+        for p in penalties:
+            chosen = fits.with_penalty(p)
+            r = chosen.density.expected_basis(head.basis)
+            logits = model.classify((B @ r.unsqueeze(-1)).squeeze(-1), q)
+            k_star[p].append(chosen.n_components.cpu())
+            correct[p].append((logits.argmax(-1) == b.answers.to(dev)).cpu())
+    return {p: (torch.cat(k_star[p]), torch.cat(correct[p])) for p in penalties}
