@@ -88,6 +88,9 @@ def penalties_arg(penalties) -> list[float]:
     penalties = [check_number(p, "penalties", low=0.0) for p in penalties]
     if not penalties:
         raise ValueError("penalties must hold at least one value")
+    if len(set(penalties)) < len(penalties):
+        # the sweep reports one result per penalty, keyed by its value
+        raise ValueError(f"penalties must be distinct; got {penalties}")
     return penalties
 
 

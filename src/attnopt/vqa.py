@@ -1053,8 +1053,8 @@ def selection_sweep(
     Raises:
         TypeError: ``model`` not a :class:`VQAModel`, ``penalties`` not a sequence of numbers,
             non-integer counts.
-        ValueError: a discrete head, a negative penalty, empty ``penalties``, counts below 1,
-            ``features`` of another shape.
+        ValueError: a discrete head, a negative penalty, empty ``penalties`` or a penalty given
+            twice, counts below 1, ``features`` of another shape.
 
     Example:
         >>> data = make_batch(2, questions_per_scene=3)

@@ -336,6 +336,8 @@ def test_vqa_encoder_train_evaluate_sweep_and_maps_bad_input(tiny_model, tiny_ba
         vqa.selection_sweep(tiny_model, b, f, [])
     with pytest.raises(TypeError, match="penalties"):
         vqa.selection_sweep(tiny_model, b, f, 0.1)
+    with pytest.raises(ValueError, match="penalties must be distinct"):
+        vqa.selection_sweep(tiny_model, b, f, [0.1, 1.0, 0.1])
     with pytest.raises(ValueError, match="n_init"):
         vqa.selection_sweep(tiny_model, b, f, [0.1], n_init=0)
     with pytest.raises(ValueError, match="continuous head"):
