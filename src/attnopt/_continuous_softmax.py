@@ -1,4 +1,4 @@
-"""Engine of continuous softmax (:func:`attnopt.continuous.continuous_softmax`): the closed form
+r"""Engine of continuous softmax (:func:`attnopt.continuous.continuous_softmax`): the closed form
 :math:`r_j=\mathcal N(\mu;\mu_j,\Sigma+\Sigma_j)` (Farinhas, 2021, eq. (4.10)) as an autograd function whose
 backward pass differentiates it in :math:`S_j=\Sigma+\Sigma_j` (no :math:`\Sigma^{-1}`)."""
 

@@ -48,9 +48,8 @@ import torch
 from torch import nn
 
 from ._continuous_checks import bounds_args, locations_arg, mean_scale_args, number_list, quadrature_args
-from ._continuous_quadrature import Rule, sparsemax_moments
 from ._continuous_softmax import softmax_flat
-from ._continuous_sparsemax import sparsemax_from_S
+from ._continuous_sparsemax import Rule, sparsemax_from_S, sparsemax_moments
 from ._numerics import compute_dtype, symmetric_part
 from ._validation import (
     as_float_tensor,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy import integrate, special, stats
 
 import attnopt
-from attnopt import _continuous_quadrature as Q
+from attnopt import _continuous_sparsemax as CS
 from attnopt import continuous as C
 from attnopt._continuous_sparsemax import sparsemax_from_S
 from attnopt.continuous import (
@@ -338,8 +338,8 @@ def test_sparsemax_is_a_sub_expectation_of_softmax_like_quantities(seed, D):
 def sparsemax_moments(mu, Sigma, basis, tol, n_quadrature, read_free=False):
     """``(r, saved, info)`` of the forward pass (the moments the backward pass keeps, the diagnostics)."""
     mu_f, Sigma_f, centers, cov, _, _ = C._prepare(mu, Sigma, basis, "test", definite=True)
-    rule = Q.Rule(n_quadrature, tol, max(8192, n_quadrature or 0), read_free)
-    return Q.sparsemax_moments(mu_f, C._sparsemax_scale(Sigma_f)[1], centers, cov, rule)
+    rule = CS.Rule(n_quadrature, tol, max(8192, n_quadrature or 0), read_free)
+    return CS.sparsemax_moments(mu_f, C._sparsemax_scale(Sigma_f)[1], centers, cov, rule)
 
 
 def slice_reference(mu, Sigma, basis, epsrel=1e-12):
@@ -449,9 +449,9 @@ def test_adaptive_error_is_within_tol(tol):
     mu, Sigma = torch.stack(mus), torch.stack(Sigmas)
     _, saved, info = sparsemax_moments(mu, Sigma, VQA_BASIS, tol, None)
     _, saved_ref, _ = sparsemax_moments(mu, Sigma, VQA_BASIS, tol, 8192)
-    lemma1 = saved[1]
-    assert torch.equal(lemma1, saved_ref[1]) and lemma1.float().mean() > 0.8  # these ellipses take Lemma 1
-    U, ref = saved[3:6], saved_ref[3:6]
+    lemma1 = saved.disk.on_route
+    assert torch.equal(lemma1, saved_ref.disk.on_route) and lemma1.float().mean() > 0.8  # these ellipses take Lemma 1
+    U, ref = saved.disk[3:6], saved_ref.disk[3:6]
     info = info["lemma1"]
     assert info["unconverged"] == 0 and info["max_error_estimate"] <= tol
     assert info["closed_form"] > 0 and info["skipped"] > 0 and info["quadrature"] > 0  # all three paths ran
