@@ -351,9 +351,43 @@ def _angular_windows(sub, tol, lb, m):
 _PAIR_KEYS = ("q", "P00", "P01", "P11", "detP", "mt0", "mt1", "Pm0", "Pm1")
 
 
+def refine_by_doubling(I_cur, tot, est, start, h, wt, s_start, bidx, mean, tol, max_nodes, m, terms):
+    r"""Refine the windowed periodic trapezoid rules of ``p`` pairs by doubling until each converges.
+
+    ``I_cur`` ``(k, p)`` holds the rules :math:`T_n` (the sums ``tot`` times ``wt h``) of ``k``
+    moments on ``m`` nodes, ``est`` :math:`|T_n-T_{n/2}|`, ``start``/``h`` the first node and spacing,
+    ``bidx`` the batch of each pair and ``s_start`` ``(B,)`` a lower bound of the batch's scale
+    :math:`s_b` (the largest mass ``I_cur[mean]``).  A pair has converged when its estimate is below
+    ``tol`` times :math:`\max(s_b, \text{its own mass})`; the others get the midpoints of their nodes,
+    ``terms(act, nodes)`` the summed integrand of pairs ``act`` at ``(a, m_r)`` nodes, until ``max_nodes``.
+    Updates ``I_cur``, ``tot`` and ``est`` in place; returns ``(s_b, rounds, nodes, n_unconverged)``.
+    """
+    dtype, device = I_cur.dtype, I_cur.device
+    conv = torch.zeros_like(est, dtype=torch.bool)
+    nodes, rounds, m_r = est.numel() * m, 0, m
+    while True:
+        for _ in range(2):  # s_b from the lower bound and the converged pairs; it grows
+            s_b = s_start.scatter_reduce(0, bidx, torch.where(conv, I_cur[mean], 0.0), "amax")
+            conv = est <= tol * torch.maximum(s_b[bidx], I_cur[mean])
+        act = (~conv).nonzero().squeeze(-1)
+        if act.numel() == 0 or 2 * m_r > max_nodes:
+            break
+        # refine: T_{2n} adds the midpoints of the m_r evaluated nodes (and one past the last)
+        rounds += 1
+        h_a = h[act] / 2 ** (rounds - 1)
+        nodes_a = start[act, None] + (torch.arange(m_r, dtype=dtype, device=device) + 0.5) * h_a[:, None]
+        tot_a = tot[:, act] + terms(act, nodes_a)
+        I_new = tot_a * (wt[..., act] * h_a * 0.5)
+        est[act] = (I_new - I_cur[:, act]).abs().amax(0)
+        tot[:, act], I_cur[:, act] = tot_a, I_new
+        nodes += act.numel() * m_r
+        m_r *= 2
+    return s_b, rounds, nodes, act.numel()
+
+
 def lemma1_adaptive(pair, idx, tol, lb_b, closed, U, info, max_nodes):
     """The windowed, adaptive periodic trapezoid rule for the pairs ``idx``; writes ``U[:, idx]``."""
-    B, N = pair["q"].shape
+    N = pair["q"].shape[1]
     dtype, device = U.dtype, U.device
     m = min(nodes_for_tol(tol), 2 * (max_nodes // 2))
     sub = dict(zip(_PAIR_KEYS, torch.stack([pair[k].reshape(-1) for k in _PAIR_KEYS])[:, idx].unbind(0)))
@@ -365,36 +399,19 @@ def lemma1_adaptive(pair, idx, tol, lb_b, closed, U, info, max_nodes):
     tot = halves.sum(-1)
     I_cur = tot * (wt * h)
     est = (I_cur - halves[..., 0] * (wt * 2.0 * h)).abs().amax(0)  # |T_n - T_{n/2}|
-    conv = torch.zeros_like(est, dtype=torch.bool)
     s_closed = torch.maximum(closed.any(-1).to(dtype), lb_b)  # U0 = 1 on closed-form pairs
-    nodes, rounds, m_r = idx.numel() * m, 0, m
-    while True:
-        for _ in range(2):  # s_b from closed forms and converged pairs, at least its lower bound; it grows
-            s_b = s_closed.scatter_reduce(0, bidx, torch.where(conv, I_cur[0], 0.0), "amax")
-            # a pair is also accepted relative to its own mass (which is at most s_b)
-            conv = est <= tol * torch.maximum(s_b[bidx], I_cur[0])
-        act = (~conv).nonzero().squeeze(-1)
-        if act.numel() == 0 or 2 * m_r > max_nodes:
-            break
-        # refine: T_{2n} adds the midpoints of the m_r evaluated nodes (and one past the last)
-        rounds += 1
-        h_a = h[act] / 2 ** (rounds - 1)
-        phi = start[act, None] + (torch.arange(m_r, dtype=dtype, device=device) + 0.5) * h_a[:, None]
-        tot_a = tot[:, act] + sum_last(_ray_terms(prm[:, act], phi))
-        I_new = tot_a * (wt[act] * h_a * 0.5)
-        est[act] = (I_new - I_cur[:, act]).abs().amax(0)
-        tot[:, act], I_cur[:, act] = tot_a, I_new
-        nodes += act.numel() * m_r
-        m_r *= 2
+    s_b, rounds, nodes, unconverged = refine_by_doubling(
+        I_cur, tot, est, start, h, wt, s_closed, bidx, 0, tol, max_nodes, m,
+        lambda act, phi: sum_last(_ray_terms(prm[:, act], phi)))
     U.index_copy_(1, idx, I_cur)
-    info["lemma1"].update(rounds=rounds, nodes=nodes, unconverged=act.numel(),
+    info["lemma1"].update(rounds=rounds, nodes=nodes, unconverged=unconverged,
                           max_error_estimate=float((est / s_b[bidx]).max()))
 
 
 def lemma1_read_free(pair, quad, tol, lb_b, U, max_nodes):
     """The read-free variant: the same windows, ``m 2^k`` nodes (``k = _READ_FREE_ROUNDS``, at most
     ``max_nodes``) for every pair, kept where ``quad``; no host read, no error estimate."""
-    B, N = pair["q"].shape
+    N = pair["q"].shape[1]
     dtype, device = U.dtype, U.device
     m = min(nodes_for_tol(tol), 2 * (max_nodes // 2))
     n = m * 2**_READ_FREE_ROUNDS

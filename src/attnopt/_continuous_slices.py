@@ -12,7 +12,15 @@ import math
 
 import torch
 
-from ._continuous_quadrature import BALL_Z, READ_FREE_DEPTH, READ_FREE_SLICE_ROUNDS, STIFF, nodes_for_tol, sum_last
+from ._continuous_quadrature import (
+    BALL_Z,
+    READ_FREE_DEPTH,
+    READ_FREE_SLICE_ROUNDS,
+    STIFF,
+    nodes_for_tol,
+    refine_by_doubling,
+    sum_last,
+)
 
 
 # Gauss-Legendre rules for the chords of the slice route.  _GL_ERROR[i][k] is the largest relative error
@@ -301,28 +309,13 @@ def _slice_adaptive(prm, start, span, factor, idx, bidx, B, lb, tol, max_nodes, 
     wt = factor / norms  # (15, p)
     I_cur = tot * (wt * h)
     est = (I_cur - halves[..., 0] * (wt * 2.0 * h)).abs().amax(0)
-    conv = torch.zeros_like(est, dtype=torch.bool)
     s_start = torch.zeros(B, dtype=dtype, device=device).scatter_reduce(0, bidx, lb[idx], "amax")
     mean = 9  # the entry of the mean of f over the disk
-    nodes, rounds, m_r = idx.numel() * m, 0, m
-    while True:
-        for _ in range(2):  # s_b from the lower bound and the converged pairs; it grows
-            s_b = s_start.scatter_reduce(0, bidx, torch.where(conv, I_cur[mean], 0.0), "amax")
-            conv = est <= tol * torch.maximum(s_b[bidx], I_cur[mean])
-        act = (~conv).nonzero().squeeze(-1)
-        if act.numel() == 0 or 2 * m_r > max_nodes:
-            break
-        rounds += 1
-        h_a = h[act] / 2 ** (rounds - 1)
-        theta = start[act, None] + (torch.arange(m_r, dtype=dtype, device=device) + 0.5) * h_a[:, None]
-        tot_a = tot[:, act] + _slice_sum(prm[:, act], theta, x, w)
-        I_new = tot_a * (wt[:, act] * h_a * 0.5)
-        est[act] = (I_new - I_cur[:, act]).abs().amax(0)
-        tot[:, act], I_cur[:, act] = tot_a, I_new
-        nodes += act.numel() * m_r
-        m_r *= 2
+    s_b, rounds, nodes, unconverged = refine_by_doubling(
+        I_cur, tot, est, start, h, wt, s_start, bidx, mean, tol, max_nodes, m,
+        lambda act, theta: _slice_sum(prm[:, act], theta, x, w))
     E[:, idx] = I_cur
-    info["slices"].update(rounds=rounds, nodes=nodes, unconverged=act.numel(),
+    info["slices"].update(rounds=rounds, nodes=nodes, unconverged=unconverged,
                           max_error_estimate=float((est / s_b[bidx]).max()))
 
 

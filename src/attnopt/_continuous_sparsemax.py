@@ -5,7 +5,6 @@ the saved moments, and the custom autograd function.
 
 The method (Farinhas, 2021, Appendix A.2 and Alg. 4), in the notation of the code:
 
-
 Write the support E = {t : p(t) > 0} as t = mu + M u, |u| <= 1, with M M^T = S := -2 lambda Sigma
 = (D + 4) V, V the covariance of p (Thm. 1).  M is the lower-triangular factor of S: for an SPD
 scale Sigma it is sqrt(-2 lambda) chol(Sigma); for a singular covariance (a density on a segment, or
@@ -17,7 +16,7 @@ with no inverse of M: A_j, b_j -> 0 as M -> 0 and r_j -> psi_j(mu).  Each pair (
 two routes, chosen by the smallest eigenvalue a_2 of A_j (psi_j narrower than the ellipse in every
 direction, or not):
 
-* Lemma 1 (a_2 >= _STIFF): N(t; mu_j, Sigma_j) dt = N(u; mu~_j, Sigma~_j) du with Sigma~_j = A_j^{-1},
+* Lemma 1 (a_2 >= STIFF): N(t; mu_j, Sigma_j) dt = N(u; mu~_j, Sigma~_j) du with Sigma~_j = A_j^{-1},
   mu~_j = A_j^{-1} b_j (Lemma 1 of App. A.2), and everything follows from the moments over the disk
       U0_j = int N(u),   U1_j = int u N(u),   U2_j = int u u^T N(u):
       r_j = -lambda (U0_j - tr U2_j)                                              (A.15)
@@ -28,7 +27,7 @@ direction, or not):
   a_2 >= 1.  Backward, by differentiating under the integral (p = 0 on the boundary of E; the
   covariance (A.24)-(A.25) of eq. (3.20), written in S instead of theta):
       dr_j/dmu = 2 (-lambda) M^{-T} U1_j,   dr_j/dS = (-lambda) M^{-T} (U2_j - (U0_j - tr U2_j) I / 2) M^{-1}.
-* slices (a_2 < _STIFF, and Lemma-1 pairs in the tails, where the radial closed forms cancel): Cartesian
+* slices (a_2 < STIFF, and Lemma-1 pairs in the tails, where the radial closed forms cancel): Cartesian
   slices of the disk in a frame (v_i, v_o): the outer direction v_o is the stiff eigenvector of A_j
   (or b_j when both are soft), integrated by the periodic trapezoid rule in theta, v_o = sin theta, on
   a window of angles; the inner one by Gauss-Legendre on each chord, or on the window of the chord

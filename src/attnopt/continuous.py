@@ -108,7 +108,8 @@ def _gaussian_const(d: int) -> float:
 
 
 def _minus_lambda(L: torch.Tensor) -> torch.Tensor:
-    r""":math:`-\lambda=(\kappa_D/\sqrt{\det\Sigma})^{2/(D+2)}` of eq. (3.15) from the Cholesky factor ``L`` of :math:`\Sigma`."""
+    r""":math:`-\lambda=(\kappa_D/\sqrt{\det\Sigma})^{2/(D+2)}` of eq. (3.15), from the Cholesky
+    factor ``L`` of :math:`\Sigma`."""
     d = L.shape[-1]
     half_logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
     return torch.exp((2.0 / (d + 2)) * (math.log(_gaussian_const(d)) - half_logdet))
