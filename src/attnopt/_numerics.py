@@ -14,3 +14,13 @@ def log_or_neg_inf(x: torch.Tensor) -> torch.Tensor:
     positive = x > 0
     safe = torch.where(positive, x, torch.ones_like(x))
     return torch.where(positive, torch.log(safe), torch.full_like(x, float("-inf")))
+
+
+def symmetric_part(x: torch.Tensor) -> torch.Tensor:
+    """``(x + x^T) / 2`` over the last two dimensions."""
+    return 0.5 * (x + x.transpose(-1, -2))
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype to compute in: float32 for half precisions (erf/erfc/cholesky are missing or too coarse there)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from scipy import integrate, special, stats
 
 import attnopt
+from attnopt import _continuous_sparsemax as CS
 from attnopt import continuous as C
+from attnopt._continuous_sparsemax import sparsemax_from_S
 from attnopt.continuous import (
     DEFAULT_N_QUADRATURE,
     ContinuousAttention,
@@ -336,8 +338,8 @@ def test_sparsemax_is_a_sub_expectation_of_softmax_like_quantities(seed, D):
 def sparsemax_moments(mu, Sigma, basis, tol, n_quadrature, read_free=False):
     """``(r, saved, info)`` of the forward pass (the moments the backward pass keeps, the diagnostics)."""
     mu_f, Sigma_f, centers, cov, _, _ = C._prepare(mu, Sigma, basis, "test", definite=True)
-    rule = C._Rule(n_quadrature, tol, max(8192, n_quadrature or 0), read_free)
-    return C._sparsemax_moments(mu_f, C._sparsemax_scale(Sigma_f)[1], centers, cov, rule)
+    rule = CS.Rule(n_quadrature, tol, max(8192, n_quadrature or 0), read_free)
+    return CS.sparsemax_moments(mu_f, C._sparsemax_scale(Sigma_f)[1], centers, cov, rule)
 
 
 def slice_reference(mu, Sigma, basis, epsrel=1e-12):
@@ -447,9 +449,9 @@ def test_adaptive_error_is_within_tol(tol):
     mu, Sigma = torch.stack(mus), torch.stack(Sigmas)
     _, saved, info = sparsemax_moments(mu, Sigma, VQA_BASIS, tol, None)
     _, saved_ref, _ = sparsemax_moments(mu, Sigma, VQA_BASIS, tol, 8192)
-    lemma1 = saved[1]
-    assert torch.equal(lemma1, saved_ref[1]) and lemma1.float().mean() > 0.8  # these ellipses take Lemma 1
-    U, ref = saved[3:6], saved_ref[3:6]
+    lemma1 = saved.disk.on_route
+    assert torch.equal(lemma1, saved_ref.disk.on_route) and lemma1.float().mean() > 0.8  # these ellipses take Lemma 1
+    U, ref = saved.disk[3:6], saved_ref.disk[3:6]
     info = info["lemma1"]
     assert info["unconverged"] == 0 and info["max_error_estimate"] <= tol
     assert info["closed_form"] > 0 and info["skipped"] > 0 and info["quadrature"] > 0  # all three paths ran
@@ -949,7 +951,7 @@ def test_sparsemax_gradients_at_the_point_mass_limit():
     np.testing.assert_allclose(m.grad.numpy(), want_mu, rtol=1e-6)
     g = torch.randn(9, generator=torch.Generator().manual_seed(4), dtype=F64)
     m, V = mu.clone()[None].requires_grad_(), torch.zeros(1, 2, 2, dtype=F64, requires_grad=True)
-    r = C._sparsemax_from_S(m, 6.0 * V, B3.centers, B3.covariance, None, 1e-12, 4096)
+    r = sparsemax_from_S(m, 6.0 * V, B3.centers, B3.covariance, None, 1e-12, 4096)
     torch.testing.assert_close(r[0], B3(mu), rtol=1e-13, atol=0)
     (r[0] * g).sum().backward()
     grads = [np_grad_hess(mu.numpy(), B3.centers[j].numpy(), B3.covariance[j].numpy()) for j in range(9)]
