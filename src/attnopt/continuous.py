@@ -458,7 +458,8 @@ def ridge_operator(
         torch.Size([25, 9])
         >>> features = torch.randn(25, 4)
         >>> B = features.T @ G  # the coefficients of ridge_value_function
-        >>> bool(torch.allclose(B, ridge_value_function(features, loc, basis), atol=1e-5))
+        >>> B_direct = ridge_value_function(features, loc, basis)
+        >>> bool(torch.allclose(B, B_direct, atol=1e-5))
         True
 
     References:
@@ -953,11 +954,13 @@ class ContinuousDensity(NamedTuple):
         family: ``"gaussian"`` or ``"truncated_paraboloid"``.
 
     Example:
-        >>> density = ContinuousDensity(torch.ones(1), torch.full((1, 2), 0.5), 0.01 * torch.eye(2)[None])
+        >>> mean, cov = torch.full((1, 2), 0.5), 0.01 * torch.eye(2)[None]
+        >>> density = ContinuousDensity(torch.ones(1), mean, cov)
         >>> basis = GaussianRBF.grid(3, 0.3)
         >>> density.expected_basis(basis).shape  # r = E_p[psi(t)]
         torch.Size([9])
-        >>> round(density.pdf(torch.tensor([[0.5, 0.5]])).item(), 2)  # N(mu; mu, V) = 1 / (2 pi 0.01)
+        >>> # N(mu; mu, V) = 1 / (2 pi 0.01)
+        >>> round(density.pdf(torch.tensor([[0.5, 0.5]])).item(), 2)
         15.92
 
     References:
@@ -1028,9 +1031,11 @@ class ContinuousDensity(NamedTuple):
         Example:
             >>> basis = GaussianRBF.grid(3, 0.3, dtype=torch.float64)
             >>> mu = torch.tensor([[0.2, 0.3], [0.8, 0.6]], dtype=torch.float64)
-            >>> two = ContinuousDensity(torch.tensor([0.25, 0.75], dtype=torch.float64), mu,
-            ...                         torch.zeros(2, 2, 2, dtype=torch.float64))
-            >>> bool(torch.allclose(two.expected_basis(basis), 0.25 * basis(mu[0]) + 0.75 * basis(mu[1])))
+            >>> w = torch.tensor([0.25, 0.75], dtype=torch.float64)
+            >>> zero = torch.zeros(2, 2, 2, dtype=torch.float64)
+            >>> two = ContinuousDensity(w, mu, zero)
+            >>> mixed = 0.25 * basis(mu[0]) + 0.75 * basis(mu[1])
+            >>> bool(torch.allclose(two.expected_basis(basis), mixed))
             True
         """
         family, mixing, means, covs = self._checked()
@@ -1054,7 +1059,8 @@ class ContinuousDensity(NamedTuple):
                 floats of the means' dtype, or a used component with a singular covariance.
 
         Example:
-            >>> g = ContinuousDensity(torch.ones(1), torch.zeros(1, 2), torch.eye(2)[None])
+            >>> eye = torch.eye(2)[None]
+            >>> g = ContinuousDensity(torch.ones(1), torch.zeros(1, 2), eye)
             >>> round(g.pdf(torch.zeros(1, 2)).item(), 4)  # 1 / (2 pi)
             0.1592
         """
@@ -1156,8 +1162,10 @@ class ContinuousAttention(nn.Module):
         >>> scores[5] = 0.0  # one location: a point mass
         >>> values = torch.eye(16)[:, :3]
         >>> context, density = att(scores, values, return_density=True)
-        >>> context.shape, density.means.tolist(), density.covariances.abs().max().item()
-        (torch.Size([3]), [[0.3333333432674408, 0.3333333432674408]], 0.0)
+        >>> context.shape, density.means.tolist()
+        (torch.Size([3]), [[0.3333333432674408, 0.3333333432674408]])
+        >>> density.covariances.abs().max().item()
+        0.0
 
     References:
         Farinhas (2021), §6.2.2, Alg. 2, eqs. (3.16)-(3.17) and Fig. 6.3; Martins et al. (2020).

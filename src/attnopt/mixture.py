@@ -126,9 +126,10 @@ class MixtureSelection(NamedTuple):
             TypeError, ValueError: ``penalty`` not a number :math:`\ge0`.
 
         Example:
-            >>> t = torch.tensor([[0.0, 0.0], [0.1, 0.0], [1.0, 1.0], [1.1, 1.0]], dtype=torch.float64)
-            >>> sel = select_components(t, torch.ones(4, dtype=torch.float64), 2, penalty=0.1,
-            ...                         generator=torch.Generator().manual_seed(0))
+            >>> t = torch.tensor([[0.0, 0.0], [0.1, 0.0], [1.0, 1.0], [1.1, 1.0]])
+            >>> t, w = t.double(), torch.ones(4, dtype=torch.float64)
+            >>> g = torch.Generator().manual_seed(0)
+            >>> sel = select_components(t, w, 2, penalty=0.1, generator=g)
             >>> int(sel.n_components), int(sel.with_penalty(100.0).n_components)
             (2, 1)
         """
@@ -552,10 +553,12 @@ class MultimodalContinuousAttention(nn.Module):
 
     Example:
         >>> from attnopt.continuous import GaussianRBF, grid_locations
-        >>> mca = MultimodalContinuousAttention(GaussianRBF.grid(4, 0.1), grid_locations(8), 2)
+        >>> basis, locations = GaussianRBF.grid(4, 0.1), grid_locations(8)
+        >>> mca = MultimodalContinuousAttention(basis, locations, 2)
         >>> scores = torch.full((64,), -8.0)
         >>> scores[[9, 54]] = 0.0  # two separate peaks
-        >>> context, density = mca(scores, torch.randn(64, 5), return_density=True)
+        >>> values = torch.randn(64, 5)
+        >>> context, density = mca(scores, values, return_density=True)
         >>> context.shape, [round(p, 2) for p in density.mixing.tolist()]
         (torch.Size([5]), [0.5, 0.5])
 

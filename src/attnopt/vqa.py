@@ -316,7 +316,8 @@ def make_batch(
             ``2 <= min_objects <= max_objects <= 6``, a negative ``noise``.
 
     Example:
-        >>> data = make_batch(2, torch.Generator().manual_seed(0), questions_per_scene=3)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> data = make_batch(2, g, questions_per_scene=3)
         >>> len(data), data.n_scenes, data.images.shape
         (6, 2, torch.Size([2, 3, 56, 56]))
     """
@@ -509,7 +510,8 @@ def pretrain_encoder(
 
     Example:
         >>> encoder = GridEncoder()
-        >>> history = pretrain_encoder(encoder, make_batch(8, questions_per_scene=1), epochs=1)
+        >>> data = make_batch(8, questions_per_scene=1)
+        >>> history = pretrain_encoder(encoder, data, epochs=1)
         >>> len(history["loss"])
         1
     """
@@ -675,7 +677,8 @@ class VQAModel(nn.Module):
 
     Example:
         >>> model = VQAModel("continuous_sparsemax")
-        >>> features, questions = torch.rand(2, 196, 13), torch.tensor([[1, 2, 3, 4, 15, 5, 14]] * 2)
+        >>> features = torch.rand(2, 196, 13)
+        >>> questions = torch.tensor([[1, 2, 3, 4, 15, 5, 14]] * 2)
         >>> out = model(features, questions)
         >>> out.logits.shape, out.attention.density.family
         (torch.Size([2, 11]), 'truncated_paraboloid')
@@ -782,7 +785,8 @@ def swap_head(model: VQAModel, head: str, **head_kwargs) -> VQAModel:
         ValueError: as :class:`VQAModel`.
 
     Example:
-        >>> test_mca = swap_head(VQAModel("continuous_softmax"), "mixture_selected", n_components=3)
+        >>> model = VQAModel("continuous_softmax")
+        >>> test_mca = swap_head(model, "mixture_selected", n_components=3)
         >>> test_mca.head_name, test_mca.attention.max_components
         ('mixture_selected', 3)
     """
@@ -831,7 +835,8 @@ def attention_map(output: VQAOutput | AttentionOutput, resolution: int | None = 
         ValueError: ``resolution < 1``.
 
     Example:
-        >>> out = VQAModel("continuous_softmax")(torch.rand(2, 196, 13), torch.tensor([[1, 2, 3]] * 2))
+        >>> model = VQAModel("continuous_softmax")
+        >>> out = model(torch.rand(2, 196, 13), torch.tensor([[1, 2, 3]] * 2))
         >>> attention_map(out, 56).shape
         torch.Size([2, 56, 56])
     """
@@ -1058,8 +1063,10 @@ def selection_sweep(
 
     Example:
         >>> data = make_batch(2, questions_per_scene=3)
-        >>> sweep = selection_sweep(VQAModel("continuous_softmax"), data, encode(GridEncoder(), data),
-        ...                         [0.1, 10.0], max_components=2, n_iter=3)
+        >>> model = VQAModel("continuous_softmax")
+        >>> features = encode(GridEncoder(), data)
+        >>> sweep = selection_sweep(model, data, features, [0.1, 10.0],
+        ...                         max_components=2, n_iter=3)
         >>> sweep[10.0]["k_star_shares"]
         [1.0, 0.0]
     """
