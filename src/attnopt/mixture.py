@@ -50,7 +50,8 @@ from ._validation import (
     check_shape_match,
     check_spd,
 )
-from .continuous import ContinuousDensity, GaussianRBF, _discrete_weights, _expected_basis, ridge_operator
+from .continuous import GaussianRBF, ridge_operator
+from .continuous_attention import ContinuousDensity, discrete_weights, expected_basis
 
 __all__ = [
     "MultimodalContinuousAttention",
@@ -94,7 +95,7 @@ class MixtureSelection(NamedTuple):
         criterion: ``(..., K_max - K_min + 1)`` the value of (5.20) for each candidate ``K``
             (best initialization).
         candidates: the best fit for every candidate ``K`` as a
-            :class:`~attnopt.continuous.ContinuousDensity` with a candidate axis,
+            :class:`~attnopt.continuous_attention.ContinuousDensity` with a candidate axis,
             ``mixing (..., K_max - K_min + 1, K_max)`` (padded with zeros) and so on.
         penalty: the :math:`\\lambda` of (5.20) that chose ``n_components``.
 
@@ -114,7 +115,8 @@ class MixtureSelection(NamedTuple):
 
     @property
     def density(self) -> ContinuousDensity:
-        """The chosen mixtures as a :class:`~attnopt.continuous.ContinuousDensity` (Gaussian, ``K_max`` components)."""
+        """The chosen mixtures as a :class:`~attnopt.continuous_attention.ContinuousDensity`
+        (Gaussian, ``K_max`` components)."""
         return ContinuousDensity(self.mixing, self.means, self.covariances, "gaussian")
 
     def with_penalty(self, penalty: float) -> "MixtureSelection":
@@ -516,9 +518,9 @@ class MultimodalContinuousAttention(nn.Module):
     3. :math:`r_k=\mathbb E_{\mathcal N(\mu_k,\Sigma_k)}[\psi(t)]` by
        :func:`~attnopt.continuous.continuous_softmax`, :math:`r=\sum_k\pi_kr_k` (eq. (5.4));
        steps 1--2 are :meth:`density`, which returns the mixture as a
-       :class:`~attnopt.continuous.ContinuousDensity` (the type the unimodal
-       :class:`~attnopt.continuous.ContinuousAttention` returns), and step 3 its
-       :meth:`~attnopt.continuous.ContinuousDensity.expected_basis`;
+       :class:`~attnopt.continuous_attention.ContinuousDensity` (the type the unimodal
+       :class:`~attnopt.continuous_attention.ContinuousAttention` returns), and step 3 its
+       :meth:`~attnopt.continuous_attention.ContinuousDensity.expected_basis`;
     4. :math:`B=HG` by ridge regression (:func:`~attnopt.continuous.ridge_operator`: one
        :math:`B` shared by all components; :math:`G` is computed once, at construction) and the
        context :math:`c=Br=\sum_k\pi_kBr_k` (eq. (5.5)).
@@ -624,7 +626,8 @@ class MultimodalContinuousAttention(nn.Module):
         )
 
     def fit_mixture(self, weights: torch.Tensor) -> ContinuousDensity:
-        """The Gaussian mixture fitted to ``(..., L)`` weights, as a :class:`~attnopt.continuous.ContinuousDensity`."""
+        """The Gaussian mixture fitted to ``(..., L)`` weights, as a
+        :class:`~attnopt.continuous_attention.ContinuousDensity`."""
         locations = self.locations.to(weights)
         if self.n_components == "auto":
             sel = select_components(
@@ -643,7 +646,7 @@ class MultimodalContinuousAttention(nn.Module):
         return scores
 
     def _density(self, scores):
-        weights, dead = _discrete_weights(scores, self.uniform_mix)
+        weights, dead = discrete_weights(scores, self.uniform_mix)
         if self.differentiate_em:
             density = self.fit_mixture(weights)
         else:
@@ -656,7 +659,7 @@ class MultimodalContinuousAttention(nn.Module):
         """The attention density of ``(..., L)`` scores: the mixture fitted to the discrete weights.
 
         Returns:
-            :class:`~attnopt.continuous.ContinuousDensity` (Gaussian) with ``mixing (..., K)``,
+            :class:`~attnopt.continuous_attention.ContinuousDensity` (Gaussian) with ``mixing (..., K)``,
             ``means (..., K, D)``, ``covariances (..., K, D, D)`` (``K`` is ``max_components``
             for ``"auto"``; unused components have mixing weight 0); a row of scores that are all
             ``-inf`` gets mixing weights 0.
@@ -669,7 +672,8 @@ class MultimodalContinuousAttention(nn.Module):
         return self._density(self._check_scores(scores))
 
     def forward(self, scores: torch.Tensor, values: torch.Tensor, *, return_density: bool = False):
-        """Context vectors ``(..., d)``; with ``return_density=True`` also the :class:`~attnopt.continuous.ContinuousDensity`.
+        """Context vectors ``(..., d)``; with ``return_density=True`` also the
+        :class:`~attnopt.continuous_attention.ContinuousDensity`.
 
         Args:
             scores: ``(..., L)`` scores, finite or ``-inf`` (a masked location gets weight 0).
@@ -699,7 +703,7 @@ class MultimodalContinuousAttention(nn.Module):
         density = self._density(scores)
         # the fitted covariances are positive definite by construction (cov_floor): no second validation
         mu_f, V_f, centers, cov = self._flat(density)
-        r = _expected_basis("gaussian", density.mixing, mu_f, V_f, centers, cov, density.mixing.shape,
+        r = expected_basis("gaussian", density.mixing, mu_f, V_f, centers, cov, density.mixing.shape,
                             values.dtype, self.basis.n_basis, (None, None, None))  # eq. (5.4)
         B = torch.einsum("...ld,ln->...dn", values, self.ridge_operator.to(values))  # eq. (3.17)
         context = (B @ r.unsqueeze(-1)).squeeze(-1)  # eq. (5.5)

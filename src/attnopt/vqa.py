@@ -57,7 +57,8 @@ from ._validation import (
     check_number,
     check_same_device,
 )
-from .continuous import ContinuousAttention, ContinuousDensity, GaussianRBF, grid_locations, padding_locations
+from .continuous import GaussianRBF, grid_locations, padding_locations
+from .continuous_attention import ContinuousAttention, ContinuousDensity
 from .mixture import MultimodalContinuousAttention
 
 __all__ = [

@@ -10,6 +10,7 @@ import torch
 
 import attnopt
 from attnopt import continuous as C
+from attnopt import continuous_attention as CA
 from attnopt import fenchel as F
 from attnopt import geometry as G
 from attnopt import kernels as K
@@ -35,7 +36,7 @@ def hot_paths(device="cpu") -> dict:
     centres = C.grid_locations(4, 2, dtype=F64, device=device)
     basis = C.GaussianRBF(centres, torch.full((16,), 0.05, dtype=F64, device=device))
     locs = C.grid_locations(6, 2, dtype=F64, device=device)
-    modules = {f: C.ContinuousAttention(basis, locs, family=f).double() for f in ("gaussian", "truncated_paraboloid")}
+    modules = {f: CA.ContinuousAttention(basis, locs, family=f).double() for f in ("gaussian", "truncated_paraboloid")}
     mca = M.MultimodalContinuousAttention(basis, locs, 2).double()
     mask = torch.ones(5, 7, dtype=torch.bool, device=device).tril(2)
     return {

@@ -15,8 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnopt.continuous import (
-    ContinuousAttention,
-    ContinuousDensity,
     GaussianRBF,
     continuous_density,
     continuous_softmax,
@@ -28,6 +26,7 @@ from attnopt.continuous import (
     ridge_value_function,
     truncated_paraboloid_threshold,
 )
+from attnopt.continuous_attention import ContinuousAttention, ContinuousDensity
 
 F64 = torch.float64
 NAN, INF = float("nan"), float("inf")

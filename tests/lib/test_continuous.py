@@ -17,7 +17,6 @@ from attnopt import continuous as C
 from attnopt._continuous_sparsemax import sparsemax_from_S
 from attnopt.continuous import (
     DEFAULT_N_QUADRATURE,
-    ContinuousAttention,
     GaussianRBF,
     continuous_density,
     continuous_softmax,
@@ -28,6 +27,7 @@ from attnopt.continuous import (
     ridge_value_function,
     truncated_paraboloid_threshold,
 )
+from attnopt.continuous_attention import ContinuousAttention
 
 F64 = torch.float64
 

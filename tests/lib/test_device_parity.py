@@ -17,6 +17,7 @@ import torch
 
 import attnopt
 from attnopt import continuous as C
+from attnopt import continuous_attention as CA
 from attnopt import fenchel as F
 from attnopt import geometry as G
 from attnopt import kernels as K
@@ -230,7 +231,7 @@ def test_continuous_parity():
 def test_continuous_attention_module_parity():
     basis, locs = basis_2d(), C.grid_locations(6, 2, dtype=F64)
     for family in ("gaussian", "truncated_paraboloid"):
-        module = C.ContinuousAttention(basis, locs, family=family).double()
+        module = CA.ContinuousAttention(basis, locs, family=family).double()
         s, v = rand(3, 36, seed=35), rand(3, 36, 4, seed=36)
         on_both(lambda s, v: module.to(s.device)(s, v), s, v)
 

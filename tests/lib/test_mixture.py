@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from threadpoolctl import threadpool_limits
 
-from attnopt.continuous import ContinuousAttention, GaussianRBF, grid_locations, moment_match, ridge_value_function
+from attnopt.continuous import GaussianRBF, grid_locations, moment_match, ridge_value_function
+from attnopt.continuous_attention import ContinuousAttention
 from attnopt.mixture import (
     MultimodalContinuousAttention,
     select_components,
