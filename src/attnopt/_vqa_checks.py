@@ -1,6 +1,7 @@
-"""Argument checks of :mod:`attnopt.vqa` (token and answer ids, grid features, questions, seeds,
-ground-truth masks), each built from the checks of :mod:`attnopt._validation`, so that the public
-functions of the experiment start with a line or two of checks.
+"""Argument checks of :mod:`attnopt.vqa` and :mod:`attnopt.vqa_data` (token and answer ids, grid
+features, questions, seeds, ground-truth masks), each built from the checks of
+:mod:`attnopt._validation`, so that the public functions of the experiment start with a line or
+two of checks.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-r"""The engine of :func:`attnopt.vqa.make_batch`: the synthetic scenes, the questions about them,
+r"""The engine of :func:`attnopt.vqa_data.make_batch`: the synthetic scenes, the questions about them,
 their rendering on a canvas and the share of each grid cell covered by each colour and shape.
 
 The scenes are in the spirit of Sort-of-CLEVR (Santoro et al., 2017); the vocabularies below are
-the language the generator speaks, and :mod:`attnopt.vqa` exports the public ones.
+the language the generator speaks, and :mod:`attnopt.vqa_data` exports the public ones.
 
 References:
     Santoro, A. et al. (2017). A simple neural network module for relational reasoning (the
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 # --------------------------------------------------------------------------------------------
-# vocabularies (exported by attnopt.vqa, which documents them) and the geometry of the objects
+# vocabularies (exported by attnopt.vqa_data, which documents them) and the geometry of the objects
 # --------------------------------------------------------------------------------------------
 
 COLOURS: tuple[str, ...] = ("red", "green", "blue", "yellow", "purple", "cyan")
@@ -199,7 +199,7 @@ def render(scenes: SceneTables, canvas: int, grid: int, chunk: int, noise: float
 
 def cell_targets(data, scenes, G: int):
     """Share of each cell's pixels with each colour (or none) and each shape (or none), for the
-    scenes ``scenes`` of ``data`` (a :class:`~attnopt.vqa.VQABatch`): the targets of
+    scenes ``scenes`` of ``data`` (a :class:`~attnopt.vqa_data.VQABatch`): the targets of
     :func:`~attnopt.vqa.pretrain_encoder`."""
     labels = data.labels[scenes].long()  # (b, H, W)
     on = labels >= 0

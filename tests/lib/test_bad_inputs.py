@@ -45,7 +45,7 @@ NOTHING_TO_VALIDATE = {
     "mixture.WeightedEMResult": "a result container (NamedTuple) built by weighted_em",
     "mixture.MixtureSelection": "a result container (NamedTuple) built by select_components",
     "vqa.AttentionOutput": "a result container built by the model's heads",
-    "vqa.VQABatch": "a result container built by make_batch / SyntheticVQA",
+    "vqa_data.VQABatch": "a result container built by make_batch / SyntheticVQA",
     "vqa.VQAOutput": "a result container built by VQAModel",
     "pretrained.AttentionInputs": "a result container built by attention_inputs",
     "explore.PreferenceView": "a result container (NamedTuple) built by preference_view",

@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnopt import book, plotting, pretrained, vqa
+from attnopt import book, plotting, pretrained, vqa, vqa_data
 from attnopt.continuous import GaussianRBF, grid_locations
 from attnopt.mixture import (
     MultimodalContinuousAttention,
@@ -205,7 +205,7 @@ def test_em_batching_equals_looping_with_a_fixed_init(seed, k, batch):
 
 @pytest.fixture(scope="module")
 def tiny_batch():
-    return vqa.make_batch(4, torch.Generator().manual_seed(0), questions_per_scene=2)
+    return vqa_data.make_batch(4, torch.Generator().manual_seed(0), questions_per_scene=2)
 
 
 @pytest.fixture(scope="module")
@@ -223,12 +223,12 @@ def tiny_model():
 @pytest.mark.parametrize(
     "call, error, name",
     [
-        (lambda: vqa.decode(torch.tensor([1, 2, 999])), ValueError, "tokens"),
-        (lambda: vqa.decode(torch.tensor([1, -1])), ValueError, "tokens"),
-        (lambda: vqa.decode(torch.tensor([1.0, 2.0])), TypeError, "tokens"),
-        (lambda: vqa.decode(torch.zeros(2, 2, 2, dtype=torch.long)), ValueError, "tokens"),
-        (lambda: vqa.answer_text(len(vqa.ANSWERS)), ValueError, "answers"),
-        (lambda: vqa.answer_text(torch.tensor([0.5])), TypeError, "answers"),
+        (lambda: vqa_data.decode(torch.tensor([1, 2, 999])), ValueError, "tokens"),
+        (lambda: vqa_data.decode(torch.tensor([1, -1])), ValueError, "tokens"),
+        (lambda: vqa_data.decode(torch.tensor([1.0, 2.0])), TypeError, "tokens"),
+        (lambda: vqa_data.decode(torch.zeros(2, 2, 2, dtype=torch.long)), ValueError, "tokens"),
+        (lambda: vqa_data.answer_text(len(vqa_data.ANSWERS)), ValueError, "answers"),
+        (lambda: vqa_data.answer_text(torch.tensor([0.5])), TypeError, "answers"),
         (lambda: vqa.attention_precision(torch.full((2, 3, 3), math.nan), torch.ones(2, 3, 3, dtype=torch.bool)),
          ValueError, "attention_map"),
         (lambda: vqa.attention_precision(torch.full((3, 3), math.inf), torch.ones(3, 3, dtype=torch.bool)),
@@ -238,16 +238,16 @@ def tiny_model():
         (lambda: vqa.attention_precision(torch.ones(3, 3), torch.full((3, 3), math.nan)), ValueError, "gt_mask"),
         (lambda: vqa.attention_precision(torch.ones(2, 3, 3), torch.ones(3, 3, 3)), ValueError, "gt_mask"),
         (lambda: vqa.attention_precision(torch.ones(3, 3), "mask"), TypeError, "gt_mask"),
-        (lambda: vqa.make_batch(2.5), TypeError, "n_scenes"),
-        (lambda: vqa.make_batch(0), ValueError, "n_scenes"),
-        (lambda: vqa.make_batch(4, canvas=50), ValueError, "canvas"),
-        (lambda: vqa.make_batch(4, min_objects=5, max_objects=3), ValueError, "min_objects"),
-        (lambda: vqa.make_batch(4, max_objects=7), ValueError, "max_objects"),
-        (lambda: vqa.make_batch(4, noise=-0.1), ValueError, "noise"),
-        (lambda: vqa.make_batch(4, generator=0), TypeError, "generator"),
-        (lambda: vqa.SyntheticVQA(0), ValueError, "n_scenes"),
-        (lambda: vqa.SyntheticVQA(4, seed=2**70), ValueError, "seed"),
-        (lambda: vqa.SyntheticVQA(4, device="nonsense"), ValueError, "device"),
+        (lambda: vqa_data.make_batch(2.5), TypeError, "n_scenes"),
+        (lambda: vqa_data.make_batch(0), ValueError, "n_scenes"),
+        (lambda: vqa_data.make_batch(4, canvas=50), ValueError, "canvas"),
+        (lambda: vqa_data.make_batch(4, min_objects=5, max_objects=3), ValueError, "min_objects"),
+        (lambda: vqa_data.make_batch(4, max_objects=7), ValueError, "max_objects"),
+        (lambda: vqa_data.make_batch(4, noise=-0.1), ValueError, "noise"),
+        (lambda: vqa_data.make_batch(4, generator=0), TypeError, "generator"),
+        (lambda: vqa_data.SyntheticVQA(0), ValueError, "n_scenes"),
+        (lambda: vqa_data.SyntheticVQA(4, seed=2**70), ValueError, "seed"),
+        (lambda: vqa_data.SyntheticVQA(4, device="nonsense"), ValueError, "device"),
         (lambda: vqa.VQAModel(3), TypeError, "head"),
         (lambda: vqa.VQAModel("nope"), ValueError, "head"),
         (lambda: vqa.VQAModel("discrete", grid=1), ValueError, "grid"),
@@ -278,7 +278,7 @@ def test_vqa_model_forward_bad_input(tiny_model, tiny_batch, tiny_features):
     with pytest.raises(TypeError, match="questions"):
         tiny_model(f, q.float())
     with pytest.raises(ValueError, match="questions"):
-        tiny_model(f, q + len(vqa.VOCAB))
+        tiny_model(f, q + len(vqa_data.VOCAB))
     with pytest.raises(ValueError, match="questions"):
         tiny_model(f, q[:3])
     with pytest.raises(ValueError, match="features"):
@@ -353,9 +353,9 @@ def test_vqa_encoder_train_evaluate_sweep_and_maps_bad_input(tiny_model, tiny_ba
 
 
 def test_vqa_edges():
-    assert vqa.decode(torch.tensor([], dtype=torch.long)) == ""
-    assert vqa.decode(torch.zeros(0, 10, dtype=torch.long)) == []
-    assert vqa.answer_text([]) == []
+    assert vqa_data.decode(torch.tensor([], dtype=torch.long)) == ""
+    assert vqa_data.decode(torch.zeros(0, 10, dtype=torch.long)) == []
+    assert vqa_data.answer_text([]) == []
     assert vqa.attention_precision(torch.ones(0, 3, 3), torch.ones(0, 3, 3, dtype=torch.bool)).shape == (0,)
     assert vqa.attention_precision(torch.zeros(3, 3), torch.ones(3, 3, dtype=torch.bool)).item() == 0.0  # no mass
     # a one-cell softmax (covariance 0) still draws: a map that sums to one

@@ -24,7 +24,7 @@ from attnopt import kernels as K
 from attnopt import mixture as M
 from attnopt import regularity as R
 from attnopt import transforms as T
-from attnopt import vqa
+from attnopt import vqa, vqa_data
 from attnopt._transforms_sinkhorn import sinkhorn_plan
 from hot_paths import forward_backward, hot_paths
 
@@ -259,7 +259,7 @@ def test_mixture_parity():
 
 @pytest.mark.parametrize("head", ["discrete", "continuous_softmax", "continuous_sparsemax", "mixture"])
 def test_vqa_model_on_device(head):
-    data = vqa.make_batch(48, torch.Generator().manual_seed(3), canvas=28)
+    data = vqa_data.make_batch(48, torch.Generator().manual_seed(3), canvas=28)
     torch.manual_seed(0)
     model = vqa.VQAModel(head, channels=4, feature_dim=8, hidden=16).double()
     batch = data.index(slice(0, 8))
@@ -276,7 +276,7 @@ def test_vqa_model_on_device(head):
 
 
 def test_vqa_training_on_device():
-    data = vqa.SyntheticVQA(64, seed=4, canvas=28, device=DEVICE)
+    data = vqa_data.SyntheticVQA(64, seed=4, canvas=28, device=DEVICE)
     model = vqa.VQAModel("continuous_sparsemax", channels=4, feature_dim=8, hidden=16)
     hist = vqa.train(model, data, epochs=1, batch_size=32, seed=0, device=DEVICE, progress=False)
     assert len(hist["loss"]) == 1 and all(torch.isfinite(torch.tensor(hist["step_loss"])))

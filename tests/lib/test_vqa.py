@@ -1,4 +1,5 @@
-"""Tests for attnopt.vqa: the synthetic VQA task, the frozen grid features, the heads, maps and training.
+"""Tests for attnopt.vqa_data (the synthetic VQA task) and attnopt.vqa (the frozen grid features,
+the heads, maps and training).
 
 Answers and masks are checked against an independent reading of the scene (the object table and
 the question *text*, parsed here), densities against moments computed here from the softmax, not
@@ -14,7 +15,7 @@ from dataclasses import fields
 import pytest
 import torch
 
-from attnopt import _vqa_scenes, vqa
+from attnopt import _vqa_scenes, vqa, vqa_data
 from attnopt.continuous import grid_locations
 from attnopt.mixture import select_components
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def data(one_thread):
-    return vqa.make_batch(120, torch.Generator().manual_seed(11))
+    return vqa_data.make_batch(120, torch.Generator().manual_seed(11))
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +47,9 @@ def oracle_features(data):
 
 
 def test_determinism_by_seed():
-    a = vqa.SyntheticVQA(20, seed=5, questions_per_scene=3)
-    b = vqa.SyntheticVQA(20, seed=5, questions_per_scene=3)
-    c = vqa.SyntheticVQA(20, seed=6, questions_per_scene=3)
+    a = vqa_data.SyntheticVQA(20, seed=5, questions_per_scene=3)
+    b = vqa_data.SyntheticVQA(20, seed=5, questions_per_scene=3)
+    c = vqa_data.SyntheticVQA(20, seed=6, questions_per_scene=3)
     for f in fields(a.data):
         assert torch.equal(getattr(a.data, f.name), getattr(b.data, f.name)), f.name
     assert not torch.equal(a.data.images, c.data.images)
@@ -71,7 +72,7 @@ def test_scenes_are_valid(data):
     for s in range(20):
         img = data.images[s].permute(1, 2, 0).reshape(-1, 3)
         for o in data.scene_description(s):
-            assert ((img - RGB[vqa.COLOURS.index(o["colour"])]).abs().amax(-1) < 1e-6).sum() > 20
+            assert ((img - RGB[vqa_data.COLOURS.index(o["colour"])]).abs().amax(-1) < 1e-6).sum() > 20
 
 
 def _recompute(objs, text):
@@ -103,25 +104,25 @@ def test_answers_and_types_consistent_with_the_scene(data):
         answer, colours = _recompute(objs, text)
         assert answer == data.answer_text(i), (i, text)
         expect = "yes/no" if answer in ("yes", "no") else ("number" if answer.isdigit() else "other")
-        assert vqa.ANSWER_TYPES[int(data.answer_types[i])] == expect
+        assert vqa_data.ANSWER_TYPES[int(data.answer_types[i])] == expect
         relevant = {objs[j]["colour"] for j, o in enumerate(objs) if bool(data.relevant[i, o["slot"]])}
         assert relevant == colours
-        seen.add(vqa.FAMILIES[int(data.families[i])][0])
-    assert seen == {f for f, _, _ in vqa.FAMILIES}
+        seen.add(vqa_data.FAMILIES[int(data.families[i])][0])
+    assert seen == {f for f, _, _ in vqa_data.FAMILIES}
 
 
 def test_a_question_only_model_stays_near_chance(data):
     """The best answer given the question text alone (fitted on the same data: an upper bound)."""
-    bigger = vqa.make_batch(600, torch.Generator().manual_seed(3), questions_per_scene=5)
+    bigger = vqa_data.make_batch(600, torch.Generator().manual_seed(3), questions_per_scene=5)
     counts = defaultdict(Counter)
-    for q, a in zip(vqa.decode(bigger.questions), bigger.answers.tolist()):
+    for q, a in zip(vqa_data.decode(bigger.questions), bigger.answers.tolist()):
         counts[q][a] += 1
     best = {q: c.most_common(1)[0][1] for q, c in counts.items()}
     by_type = defaultdict(lambda: [0, 0])
-    for q, t in zip(vqa.decode(bigger.questions), bigger.answer_types.tolist()):
+    for q, t in zip(vqa_data.decode(bigger.questions), bigger.answer_types.tolist()):
         by_type[t][0] += best[q] / sum(counts[q].values())
         by_type[t][1] += 1
-    prior = {vqa.ANSWER_TYPES[t]: s / n for t, (s, n) in by_type.items()}
+    prior = {vqa_data.ANSWER_TYPES[t]: s / n for t, (s, n) in by_type.items()}
     assert prior["yes/no"] < 0.6 and prior["other"] < 0.5 and prior["number"] < 0.6, prior
 
 
@@ -134,27 +135,27 @@ def test_masks_cover_the_named_objects(data):
         _, colours = _recompute(data.scene_description(s), data.question_text(i))
         expect = torch.zeros_like(masks[i])
         for c in colours:
-            expect |= (img[s] - RGB[vqa.COLOURS.index(c)]).abs().amax(-1) < 1e-6
+            expect |= (img[s] - RGB[vqa_data.COLOURS.index(c)]).abs().amax(-1) < 1e-6
         assert torch.equal(masks[i], expect) and not (masks[i] & bg[s]).any()
     # grid masks: a cell is marked iff one of its pixels is
     cell = masks.shape[-1] // data.grid
     blocks = masks.reshape(len(data), data.grid, cell, data.grid, cell).any(-1).any(-2)
     assert torch.equal(blocks, data.grid_masks)
-    two = data.families == [f for f, *_ in vqa.FAMILIES].index("same_shape")
+    two = data.families == [f for f, *_ in vqa_data.FAMILIES].index("same_shape")
     assert (data.relevant[two].sum(-1) == 2).all()
 
 
 def test_decode_and_answer_text():
     words = "is the red object the same shape as the blue object ?".split()
-    q = torch.tensor([vqa.VOCAB.index(w) for w in words] + [0])
-    assert vqa.decode(q) == " ".join(words)
-    assert vqa.decode(q[None].repeat(2, 1)) == [" ".join(words)] * 2
-    assert vqa.answer_text(torch.tensor(1)) == "yes" and vqa.answer_text([2, 8]) == ["1", "circle"]
+    q = torch.tensor([vqa_data.VOCAB.index(w) for w in words] + [0])
+    assert vqa_data.decode(q) == " ".join(words)
+    assert vqa_data.decode(q[None].repeat(2, 1)) == [" ".join(words)] * 2
+    assert vqa_data.answer_text(torch.tensor(1)) == "yes" and vqa_data.answer_text([2, 8]) == ["1", "circle"]
 
 
 def test_grid_encoder_learns_the_cells_and_encode_is_its_eval_forward():
     torch.manual_seed(0)
-    scenes = vqa.make_batch(48, torch.Generator().manual_seed(1), questions_per_scene=1)
+    scenes = vqa_data.make_batch(48, torch.Generator().manual_seed(1), questions_per_scene=1)
     encoder = vqa.GridEncoder(channels=8)
     history = vqa.pretrain_encoder(encoder, scenes, epochs=3, batch_size=8, lr=1e-2)
     assert history["loss"][-1] < 0.7 * history["loss"][0]
@@ -186,7 +187,7 @@ def test_heads_forward_backward_and_maps(head, data, features):
     b = data.index(slice(0, 8))
     f = features[b.scene]
     out = model(f, b.questions)
-    assert out.logits.shape == (8, len(vqa.ANSWERS))
+    assert out.logits.shape == (8, len(vqa_data.ANSWERS))
     torch.nn.functional.cross_entropy(out.logits, b.answers).backward()
     g = model.query.weight.grad
     assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
@@ -302,11 +303,13 @@ def test_training_reduces_loss_and_evaluate_reports_every_type(data, features):
     assert after < before - 0.3, (before, after)
     assert len(history["loss"]) == 3 and not model.training
     res = vqa.evaluate(model, data, features)
-    assert set(res) >= {"overall", *vqa.ANSWER_TYPES, *(f for f, *_ in vqa.FAMILIES), "attention_precision", "n"}
+    families = (f for f, *_ in vqa_data.FAMILIES)
+    assert set(res) >= {"overall", *vqa_data.ANSWER_TYPES, *families, "attention_precision", "n"}
     assert res["n"] == len(data) and 0 <= res["attention_precision"] <= 1
     # overall accuracy is the question-weighted mean of the per-type accuracies
     shares = torch.bincount(data.answer_types, minlength=3).double() / len(data)
-    assert res["overall"] == pytest.approx(sum(float(s) * res[t] for s, t in zip(shares, vqa.ANSWER_TYPES)), abs=1e-6)
+    weighted = sum(float(s) * res[t] for s, t in zip(shares, vqa_data.ANSWER_TYPES))
+    assert res["overall"] == pytest.approx(weighted, abs=1e-6)
 
 
 @pytest.mark.parametrize("head, gain", [("discrete", 0.1), ("continuous_softmax", 0.03)])
