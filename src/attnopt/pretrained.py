@@ -85,7 +85,7 @@ __all__ = ["HUB_MODELS", "PARTS", "AttentionInputs", "attention_inputs", "load_m
 #: Models :func:`load_pretrained` may download when called with ``online=True``.
 HUB_MODELS = ("bert-base-uncased", "t5-small")
 
-#: The kinds of attention :func:`attention_inputs` reads (``"decoder"`` and ``"cross"``: T5 only).
+#: The kinds of attention :func:`attention_inputs` reads (``"decoder"`` and ``"cross"`` for T5 only).
 PARTS = ("encoder", "decoder", "cross")
 
 

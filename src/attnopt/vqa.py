@@ -71,8 +71,9 @@ __all__ = [
     "train",
 ]
 
-#: What the frozen grid features of a cell hold (:class:`GridEncoder`): the probabilities that its
-#: pixels have each colour (or none) and belong to each shape (or none), and its coordinates.
+#: What the frozen grid features of a cell hold (see :class:`GridEncoder`), in this order. The
+#: probabilities that its pixels have each colour (or none) and belong to each shape (or none), and
+#: its coordinates.
 FEATURES: tuple[str, ...] = COLOURS + ("no colour",) + SHAPES + ("no shape", "row", "column")
 
 #: Output-attention heads of :class:`VQAModel`.

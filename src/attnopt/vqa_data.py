@@ -58,10 +58,11 @@ COLOURS: tuple[str, ...] = scenes.COLOURS
 SHAPES: tuple[str, ...] = scenes.SHAPES
 #: Answer types, as in VQA-v2.
 ANSWER_TYPES: tuple[str, ...] = scenes.ANSWER_TYPES
-#: The answer vocabulary shared by every question: ``no``, ``yes``, the counts 1--6 and the shapes.
+#: The answer vocabulary shared by every question (``no``, ``yes``, the counts 1--6 and the shapes).
 ANSWERS: tuple[str, ...] = scenes.ANSWERS
-#: The question families as (name, answer type, template); ``<c>`` is a colour, ``<s>`` a shape:
-#: ``shape`` (other), ``left`` (yes/no), ``same_shape`` (yes/no) and ``count`` (number).
+#: The question families as (name, answer type, template), where ``<c>`` is a colour and ``<s>`` a
+#: shape. They are ``shape`` (other), ``left`` (yes/no), ``same_shape`` (yes/no) and ``count``
+#: (number).
 FAMILIES: tuple[tuple[str, str, str], ...] = scenes.FAMILIES
 #: Question-token vocabulary; id 0 is padding.
 VOCAB: tuple[str, ...] = scenes.VOCAB
