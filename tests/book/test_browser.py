@@ -5,54 +5,29 @@ notebook's figure is loaded and visible, and figures keep a white card in the da
 Screenshots land in _build/screenshots/ for a person to look at.
 """
 
-import functools
-import http.server
-import shutil
-import socketserver
-import threading
 from pathlib import Path
 
 import pytest
 
-from book_paths import BUILD
+from book_paths import BUILD, load_tool
 
-ROOT = Path(__file__).resolve().parents[2]
+site_audit = load_tool("site_audit")
 SHOTS = BUILD / "screenshots"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 PAGES = ["book/preface.html", "book/notation.html", "notebooks/attention_in_a_few_lines.html"]
 
 
 @pytest.fixture(scope="module")
 def server(html_dir):
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    handler = functools.partial(Quiet, directory=str(html_dir))
-    with socketserver.TCPServer(("127.0.0.1", 0), handler) as httpd:
-        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-        thread.start()
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-        httpd.shutdown()
+    with site_audit.serve(html_dir) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is not installed (apt-get install chromium; .ci/run does it)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        b = site_audit._launch(p)
         yield b
         b.close()
 

@@ -1,6 +1,5 @@
 """Static checks on the rendered site: pages, images, links, launch buttons, hidden cells, offline maths."""
 
-import re
 from pathlib import Path
 from urllib.parse import unquote, urldefrag, urlparse
 

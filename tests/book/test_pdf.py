@@ -5,7 +5,7 @@ import re
 import pytest
 from bs4 import BeautifulSoup
 
-from book_paths import BUILD
+from book_paths import BUILD, load_tool
 
 PDF = BUILD / "book.pdf"
 
@@ -17,12 +17,7 @@ def squash(text: str) -> str:
 def test_pdf_has_every_page_and_figure(html_dir):
     from pypdf import PdfReader
 
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("pdf_tool", Path(__file__).resolve().parents[2] / "tools" / "pdf.py")
-    pdf_tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pdf_tool)
+    pdf_tool = load_tool("pdf")
 
     if not PDF.exists():
         pytest.fail(f"no PDF at {PDF}: run `make pdf` (make test does)")

@@ -11,18 +11,14 @@ phone, land in _build/screenshots/ for a person to look at.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import pytest
 
-from book_paths import BUILD
+from book_paths import BUILD, load_tool
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("site_audit", ROOT / "tools" / "site_audit.py")
-site_audit = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(site_audit)
+site_audit = load_tool("site_audit")
 
 SHOTS = BUILD / "screenshots"
 # The landing page, one theory page per chapter, the VQA notebook.

@@ -5,7 +5,6 @@ The notebooks run at scale="book" (what the book shows); the claims below are th
 rendered pages, so a change that breaks a claim fails here instead of silently changing the page.
 """
 
-import pytest
 
 
 def test_attention_in_a_few_lines(results):
