@@ -13,14 +13,23 @@ from pathlib import Path
 BOOK = Path(__file__).resolve().parents[2] / "book"
 
 
+def python_blocks(text: str) -> list[str]:
+    """The Python code blocks of a piece of a page, dedented."""
+    return [textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)\n *```", text, re.S)]
+
+
+def exercises_page(chapter: int) -> str:
+    """The text of chapter ``chapter``'s exercises page."""
+    return (BOOK / f"ch{chapter}" / "exercises.md").read_text()
+
+
 def solution_code(chapter: int, label: str) -> list[str]:
     """The Python code blocks of the solution of exercise ``label`` on chapter ``chapter``'s page."""
-    text = (BOOK / f"ch{chapter}" / "exercises.md").read_text()
+    text = exercises_page(chapter)
     start = text.index("````{solution} " + label)
-    solution = text[start:text.index("\n````\n", start)]
-    blocks = re.findall(r"```python\n(.*?)\n *```", solution, re.S)
+    blocks = python_blocks(text[start:text.index("\n````\n", start)])
     assert blocks, f"the solution of {label} has no code"
-    return [textwrap.dedent(block) for block in blocks]
+    return blocks
 
 
 def run_solution(chapter: int, label: str) -> list[str]:

@@ -1,6 +1,8 @@
 """Claims of the chapter 5 page and its notebook (one mechanism, four views), checked on the numbers
 the notebook recorded.  Each assert quotes the sentence of the rendered page it checks."""
 
+from page_solutions import exercises_page, python_blocks
+
 
 def test_ch5_four_views(results):
     r = results("ch5_four_views")
@@ -167,15 +169,6 @@ print(json.dumps(outputs))
 """
 
 
-def solution_code_blocks() -> list[str]:
-    import re
-    import textwrap
-    from pathlib import Path
-
-    page = (Path(__file__).resolve().parents[2] / "book" / "ch5" / "exercises.md").read_text()
-    return [textwrap.dedent(m.group(1)) for m in re.finditer(r"```python\n(.*?)\n *```", page, re.S)]
-
-
 def unit_in_last_place(token: str) -> float:
     mantissa, _, exponent = token.lower().partition("e")
     decimals = len(mantissa.partition(".")[2])
@@ -190,7 +183,7 @@ def test_ch5_exercise_solutions_run_and_print_the_recorded_numbers(results, tmp_
     import subprocess
     import sys
 
-    blocks = solution_code_blocks()
+    blocks = python_blocks(exercises_page(5))
     assert len(blocks) == 9, f"expected one code block per exercise, found {len(blocks)}"
     run = subprocess.run([sys.executable, "-c", RUN_BLOCKS], input=json.dumps(blocks), capture_output=True,
                          text=True, cwd=tmp_path, timeout=300)
