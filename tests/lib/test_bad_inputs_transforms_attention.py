@@ -225,6 +225,20 @@ def test_checks_modes_on_the_cpu():
     assert attnopt.get_checks() == "auto"  # restored
 
 
+def test_checks_off_keeps_the_fast_branches_on_the_cpu():
+    # "off" skips checks; it must not switch CPU solvers to their read-free branches (the
+    # read-free quadrature of continuous sparsemax is tens of times slower on a CPU)
+    from attnopt._validation import host_reads_allowed
+
+    x = torch.zeros(3)
+    with attnopt.checks("off"):
+        assert host_reads_allowed(x)
+        assert not host_reads_allowed(torch.zeros(3, device="meta"))
+        torch.testing.assert_close(T.sparsemax(torch.tensor([1.0, 0.0, 0.0])), torch.tensor([1.0, 0.0, 0.0]))
+    with attnopt.checks("async"):
+        assert not host_reads_allowed(x)
+
+
 def test_checks_are_restored_after_an_error():
     with pytest.raises(ValueError):
         with attnopt.checks("off"):
