@@ -12,6 +12,7 @@ from ._fenchel_solvers import OTFamily
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
+    check_bool_mask,
     check_finite,
     check_int,
     check_positive,
@@ -150,3 +151,34 @@ def gaussian_args(mu, b, alpha, cov):
                             "cov's batch dimensions": cov.shape[:-2]})
         check_psd(cov, "cov")
     return mu, b, alpha, cov
+
+
+def masked_bias_arg(position_bias, mask) -> torch.Tensor:
+    """The checked bias of :func:`attnopt.fenchel.t5_preference`, ``-inf`` where ``mask`` forbids a word."""
+    bias = as_float_tensor(position_bias, "position_bias", min_ndim=1)
+    shape = bias.shape
+    if mask is not None:
+        check_bool_mask(mask, "mask", device=bias.device, meaning="True = may attend")
+        shape = broadcast_shapes(position_bias=bias.shape, mask=mask.shape)
+    if shape[-1] == 0:
+        raise ValueError(f"position_bias must hold at least one word (shape (..., n) with n >= 1); got {tuple(shape)}")
+    check_finite(bias, "position_bias", allow_neg_inf=True)
+    if mask is not None:
+        bias = bias.masked_fill(~mask, float("-inf"))
+    require(
+        (bias > float("-inf")).any(dim=-1).all(),
+        "every word of some row is masked (by mask or a -inf position_bias); a preference needs at least one allowed word",
+    )
+    return bias
+
+
+def deviation_args(lam_star, approx) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checked arguments of :func:`attnopt.fenchel.relative_deviation`, broadcast to one shape."""
+    lam_star = as_float_tensor(lam_star, "lam_star", min_ndim=1)
+    approx = as_float_tensor(approx, "approx", min_ndim=1, like=lam_star)
+    check_same_dtype(approx, "approx", lam_star, "lam_star")
+    check_same_device(approx, "approx", lam_star, "lam_star")
+    shape = broadcast_shapes(lam_star=lam_star.shape, approx=approx.shape)
+    check_finite(lam_star, "lam_star")
+    check_finite(approx, "approx")
+    return lam_star.expand(shape), approx.expand(shape)

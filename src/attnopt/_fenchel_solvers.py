@@ -22,11 +22,12 @@ the converged ones; the iterate of the problems still iterating is an :class:`It
 
 The two log-partition functions :math:`\phi` are :class:`KLFamily`,
 :math:`\phi(s)=\log\sum_iu_ie^{s_i}` (eqs. 9–11), and :class:`OTFamily`,
-:math:`\phi(s)=\gamma\sum_ju_j\log\sum_ie^{(s_i-M_{ij})/\gamma}` (eqs. 36–39).
+:math:`\phi(s)=\gamma\sum_ju_j\log\sum_ie^{(s_i-M_{ij})/\gamma}` (eqs. 36–39).  For a Gaussian
+preference the dual needs no solver: :func:`gaussian_lambda` is its maximizer in closed form (eq. 15).
 
 References:
     Anonymous authors (2024), *Deciphering Attention Mechanisms: Optimization and Fenchel Dual
-    Solutions*, eqs. (9)–(12), (16), (36)–(41).  Nocedal and Wright (2006), *Numerical
+    Solutions*, eqs. (9)–(12), (15)–(16), (36)–(41).  Nocedal and Wright (2006), *Numerical
     Optimization*, Sec. 3.1 (backtracking line search) and Sec. 11.2 (merit functions).
 """
 
@@ -80,6 +81,12 @@ def scores(x: torch.Tensor, T: torch.Tensor, alpha: float | None, x_name: str) -
         (f"alpha * <{x_name}, t_i>", f"{x_name}, templates or alpha")
     check_no_overflow(s, f"the scores {what}", args)
     return s
+
+
+def estimate(weights: torch.Tensor, T: torch.Tensor, single: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""``(h, weights)``, :math:`\hat h=\sum_ip_it_i` (eq. 12), without the query axis when ``single``."""
+    h = weights @ T
+    return (h.squeeze(-2), weights.squeeze(-2)) if single else (h, weights)
 
 
 def true_preference_weights(u: torch.Tensor, cost: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -568,3 +575,24 @@ def solve(bq, T, family, alpha, tol, max_iter, method, what):
             lam = solvers[method](bd, Td, fd, alpha, tol, max_iter, what)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (bq, T) + family.tensors())
     return implicit_gradient(lam, bq, T, family, alpha) if needs_grad else lam
+
+
+# ----------------------------------------------------------------------------------------------
+# a Gaussian preference: the dual maximizer in closed form (Sec. 5, eq. 15)
+# ----------------------------------------------------------------------------------------------
+
+
+def gaussian_lambda(mu, b, alpha, cov):
+    r"""The dual maximizer :math:`\lambda^*=\alpha(I+\alpha\Sigma)^{-1}(b-\mu)` of eq. (15).
+
+    ``cov=None`` stands for :math:`\Sigma=I`, where :math:`\lambda^*=\alpha(b-\mu)/(1+\alpha)`.  The
+    arguments come checked (``attnopt._fenchel_checks.gaussian_args``).
+    """
+    if cov is None:
+        return alpha / (1.0 + alpha) * (b - mu)
+    d = mu.shape[-1]
+    work = torch.float32 if mu.dtype in (torch.float16, torch.bfloat16) else mu.dtype  # no half-precision solve
+    eye = torch.eye(d, dtype=work, device=mu.device)
+    # solve_ex: no host read for the error check (I + alpha cov has eigenvalues >= 1 for a checked cov)
+    lam = alpha * torch.linalg.solve_ex(eye + alpha * cov.to(work), (b - mu).to(work).unsqueeze(-1))[0].squeeze(-1)
+    return lam.to(mu.dtype)

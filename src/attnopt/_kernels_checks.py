@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from ._numerics import log_or_neg_inf
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
     check_finite,
+    check_int,
+    check_nonnegative,
+    check_positive,
     check_probability_vector,
     check_same_device,
     check_same_dtype,
@@ -52,6 +56,59 @@ def table_arg(values, mu, name: str, mu_name: str) -> torch.Tensor:
                         f"the batch dimensions of {mu_name}": mu.batch_shape})
     check_finite(values, name)
     return values
+
+
+def queries_arg(queries, mu, q_name: str, k_name: str, same_dim: bool) -> torch.Tensor:
+    """Queries ``(..., M, d)`` for the keys of ``mu`` (of their dimension ``d`` when ``same_dim``)."""
+    queries = as_float_tensor(queries, q_name, min_ndim=2, like=mu.points)
+    check_same_dtype(queries, q_name, mu.points, k_name)
+    check_same_device(queries, q_name, mu.points, k_name)
+    if same_dim:
+        check_shape_match(queries, q_name, mu.points, k_name, [(-1, -1)])
+    broadcast_shapes(**{f"the batch dimensions of {q_name}": queries.shape[:-2],
+                        f"the batch dimensions of {k_name}": mu.batch_shape})
+    check_finite(queries, q_name)
+    return queries
+
+
+def log_potential_arg(nu, potential, log_potential) -> torch.Tensor:
+    r""":math:`\log g` at the atoms of ``nu``, from whichever potential of
+    :func:`attnopt.kernels.boltzmann_gibbs` is given."""
+    if (potential is None) == (log_potential is None):
+        raise ValueError("give exactly one of potential and log_potential")
+    name = "potential" if potential is not None else "log_potential"
+    given = potential if potential is not None else log_potential
+    values = given(nu.points) if callable(given) else given
+    values = as_float_tensor(values, name, min_ndim=1, like=nu.points)
+    check_same_dtype(values, name, nu.points, "nu's points")
+    check_same_device(values, name, nu.points, "nu's points")
+    check_shape_match(values, name, nu.weights, "nu.weights", [(-1, -1)])
+    broadcast_shapes(**{f"the batch dimensions of {name}": values.shape[:-1], "the batch dimensions of nu": nu.batch_shape})
+    if log_potential is not None:
+        check_finite(values, name, allow_neg_inf=True)
+        return values
+    check_finite(values, name)
+    check_nonnegative(values, name, what=" (g: E -> [0, inf))")
+    return log_or_neg_inf(values)
+
+
+def tilt_args(nu, statistics, target, max_iter, tol):
+    """The checked ``statistics``, ``target``, batch shape, ``max_iter`` and ``tol`` of
+    :func:`attnopt.kernels.maximum_entropy_tilt`."""
+    k = as_float_tensor(statistics, "statistics", min_ndim=2, like=nu.points)
+    f = as_float_tensor(target, "target", min_ndim=1, like=nu.points)
+    for name, x in (("statistics", k), ("target", f)):
+        check_same_dtype(x, name, nu.points, "nu's points")
+        check_same_device(x, name, nu.points, "nu's points")
+    check_shape_match(k, "statistics", nu.weights, "nu.weights", [(-2, -1)])
+    check_shape_match(k, "statistics", f, "target", [(-1, -1)])
+    batch = broadcast_shapes(**{"the batch dimensions of statistics": k.shape[:-2],
+                                "the batch dimensions of target": f.shape[:-1], "the batch dimensions of nu": nu.batch_shape})
+    max_iter = check_int(max_iter, "max_iter", 0)
+    tol = (1e-10 if k.dtype == torch.float64 else 1e-5) if tol is None else check_positive(tol, "tol")
+    check_finite(k, "statistics")
+    check_finite(f, "target")
+    return k, f, batch, max_iter, tol
 
 
 def multihead_args(queries, keys, values, w_q, w_k, w_v, w_o):

@@ -19,16 +19,15 @@ from typing import Callable, Union
 
 import torch
 
+from ._kernels_checks import queries_arg
 from ._numerics import log_or_neg_inf
 from ._validation import (
     as_float_tensor,
-    broadcast_shapes,
     check_finite,
     check_no_overflow,
     check_positive,
     check_same_device,
     check_same_dtype,
-    check_shape_match,
     require,
 )
 
@@ -88,14 +87,7 @@ def similarity_logits(queries: torch.Tensor, keys: torch.Tensor, similarity: Sim
 
 def softmatch_weights(queries, mu, similarity: Similarity, scale, q_name: str, k_name: str) -> torch.Tensor:
     """The softmatch matrix :math:`P_{ij}\\propto w_je^{a(q_i,k_j)}`, the arguments named as the caller's user wrote them."""
-    queries = as_float_tensor(queries, q_name, min_ndim=2, like=mu.points)
-    check_same_dtype(queries, q_name, mu.points, k_name)
-    check_same_device(queries, q_name, mu.points, k_name)
-    if not callable(similarity):
-        check_shape_match(queries, q_name, mu.points, k_name, [(-1, -1)])
-    broadcast_shapes(**{f"the batch dimensions of {q_name}": queries.shape[:-2],
-                        f"the batch dimensions of {k_name}": mu.batch_shape})
-    check_finite(queries, q_name)
+    queries = queries_arg(queries, mu, q_name, k_name, same_dim=not callable(similarity))
     logits = similarity_logits(queries, mu.points, similarity, scale, q_name, k_name)
     if not mu._uniform:  # uniform weights shift every logit of a row equally: no effect
         logits = logits + log_or_neg_inf(mu.weights).unsqueeze(-2)

@@ -5,7 +5,8 @@ For a separable strictly convex :math:`\Omega(p)=\sum_j\omega_j(p_j)`, the minim
 :math:`p_j=(\omega_j')^{-1}((\lambda-C_j)/\varepsilon)` clipped to :math:`[0,1]`, increasing in the
 multiplier :math:`\lambda` of :math:`\sum_jp_j=1`.  :func:`solve_one_sided` finds :math:`\lambda` by
 bisection and, inside, inverts :math:`\omega'` by bisection: it never calls a closed form, so the
-closed forms of :mod:`attnopt.transforms` can be tested against it.
+closed forms of :mod:`attnopt.transforms` can be tested against it.  :class:`OneSidedEOTFunction`
+differentiates the solution by the implicit function theorem, again with :math:`\omega''` only.
 
 References:
     MTandHJ (2025), blog note on Litman (2025), eqs. (4) and (13).  Boyd and Vandenberghe (2004),
@@ -17,6 +18,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.autograd import Function
+
+from ._transforms_thresholds import entmax_vjp
 
 
 def regularizer_gradient(regularizer, alpha: float, log_prior: torch.Tensor | None) -> Callable:
@@ -79,3 +83,27 @@ def solve_one_sided(cost: torch.Tensor, eps: float, grad_omega: Callable, active
     p = primal((lam_lo + lam_hi) / 2)
     total = p.sum(dim=-1, keepdim=True)
     return p / torch.where(total > 0, total, torch.ones_like(total))
+
+
+class OneSidedEOTFunction(Function):
+    """:func:`solve_one_sided` with the gradient of the implicit function theorem on its KKT system."""
+
+    @staticmethod
+    def forward(ctx, cost, eps, grad_omega, active, n_iter):
+        p = solve_one_sided(cost, eps, grad_omega, active, n_iter)
+        ctx.eps = eps
+        ctx.grad_omega = grad_omega
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        # Implicit function theorem on the KKT system: dp/dC = -(diag(h) - h h^T / sum h) / eps
+        # with h = 1 / omega''(p) on the support, omega'' obtained by autograd of omega'.
+        on = p > 0
+        with torch.enable_grad():
+            q = torch.where(on, p, torch.full_like(p, 0.5)).detach().requires_grad_(True)
+            (second,) = torch.autograd.grad(ctx.grad_omega(q).expand_as(q).sum(), q)
+        h = torch.where(on, 1 / second, torch.zeros_like(p))
+        return -entmax_vjp(h, grad) / ctx.eps, None, None, None, None

@@ -1,11 +1,13 @@
-r"""The engine of the sparse transforms of :mod:`attnopt.transforms`: thresholds and the shared backward.
+r"""The engine of the sparse transforms of :mod:`attnopt.transforms`: thresholds and autograd functions.
 
 Every :math:`\alpha`-entmax (softmax :math:`\alpha\to1`, 1.5-entmax, sparsemax :math:`\alpha=2`) is
 :math:`p_j=[(\alpha-1)s_j-\lambda]_+^{1/(\alpha-1)}` with the threshold :math:`\lambda` that makes
 :math:`\sum_jp_j=1`.  This module finds :math:`\lambda`: exactly for sparsemax and 1.5-entmax, by
 sorting (:func:`threshold_sort`) or by Michelot/Newton passes with an exactness certificate
 (:func:`threshold_newton`), and for any :math:`\alpha` by safeguarded Newton/bisection
-(:func:`threshold_bisect`).  All of them share one Jacobian-vector product, :func:`entmax_vjp`.
+(:func:`threshold_bisect`).  All of them share one Jacobian-vector product, :func:`entmax_vjp`, the
+backward pass of their autograd functions (:class:`SoftmaxFunction`, :class:`SparseEntmaxFunction`,
+:class:`EntmaxBisectFunction`).
 
 References:
     Martins and Astudillo (2016), *From Softmax to Sparsemax*, Prop. 1 and Algorithm 1 (the
@@ -18,6 +20,7 @@ References:
 from __future__ import annotations
 
 import torch
+from torch.autograd import Function
 
 from ._validation import host_reads_allowed
 
@@ -230,3 +233,69 @@ def threshold_bisect(x: torch.Tensor, alpha: float, n_iter: int) -> torch.Tensor
     total = p.sum(dim=-1, keepdim=True)
     p = p / torch.where(total > 0, total, torch.ones_like(total))  # exact normalization
     return p
+
+
+# -------- the autograd functions of softmax and the entmaxes ---------------------------------
+
+
+class SoftmaxFunction(Function):
+    """Softmax over the last dimension, an all ``-inf`` row giving zeros (and a zero gradient)."""
+
+    @staticmethod
+    def forward(ctx, z):
+        p = torch.softmax(z, dim=-1)
+        # An all -inf row comes out as NaN (0/0); define it as zeros.  The backward below then
+        # gives it a zero gradient, since p = 0 on the whole row.
+        p.masked_fill_(torch.isneginf(z.amax(dim=-1, keepdim=True)), 0.0)  # in place: no new tensor
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        return entmax_vjp(p, grad)  # s = p: the softmax Jacobian diag(p) - p p^T
+
+
+class _TsallisBackward(Function):
+    """The backward pass of an :math:`\\alpha`-entmax: ``forward`` saves ``p`` and sets ``ctx.alpha``.
+
+    The two arguments after the scores (the order and the method, or the iterations) get no
+    gradient."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        return entmax_vjp(support_weights(p, ctx.alpha), grad), None, None
+
+
+class SparseEntmaxFunction(_TsallisBackward):
+    """Sparsemax (``power=1``) and 1.5-entmax (``power=2``): :math:`p=[(x-\\theta)/power]_+^{power}`."""
+
+    @staticmethod
+    def forward(ctx, x, power, method):
+        top = safe_max(x)
+        if method == "sort":
+            y = (x - top) / power
+            p = torch.clamp(y - threshold_sort(y, power), min=0)
+        else:
+            buf = torch.empty_like(x)
+            delta = threshold_newton(x, top, power, buf)
+            p = torch.sub(x, top, out=buf).sub_(delta).clamp_(min=0)  # the buffer's pages are already mapped
+            if power == 2:
+                p.mul_(0.5)
+        if power == 2:
+            p = p.square_()
+        ctx.alpha = 1.0 + 1.0 / power  # sparsemax is 2-entmax, p = [.]_+^(1/(alpha-1))
+        ctx.save_for_backward(p)
+        return p
+
+
+class EntmaxBisectFunction(_TsallisBackward):
+    """:math:`\\alpha`-entmax for any :math:`\\alpha>1` by :func:`threshold_bisect`."""
+
+    @staticmethod
+    def forward(ctx, x, alpha, n_iter):
+        p = threshold_bisect(x, alpha, n_iter)
+        ctx.alpha = alpha
+        ctx.save_for_backward(p)
+        return p

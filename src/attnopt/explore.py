@@ -31,20 +31,17 @@ from typing import NamedTuple
 
 import torch
 
+from ._explore_checks import float_arg, grid_arg
+from ._explore_clusters import count_clusters
 from ._validation import (
-    as_float_tensor,
     broadcast_shapes,
     check_choice,
-    check_finite,
     check_int,
     check_number,
     check_positive,
     check_probability_vector,
-    check_same_device,
-    check_same_dtype,
     check_shape_match,
     check_spd,
-    require,
 )
 from .continuous import GaussianRBF, continuous_density, continuous_softmax, continuous_sparsemax
 from .continuous import _paraboloid_scale, moment_match, ridge_value_function
@@ -71,28 +68,6 @@ __all__ = [
 REGULARIZERS = ("softmax", "sparsemax", "entmax")
 #: The regularizers of the transport view in :func:`four_views` (names of :func:`~attnopt.transforms.one_sided_eot`).
 TRANSPORT_REGULARIZERS = ("entropy", "sparsemax", "tsallis")
-
-
-def _tensor(x, name: str, min_ndim: int, like: torch.Tensor | None = None, like_name: str = "") -> torch.Tensor:
-    """``x`` as a finite float tensor of at least ``min_ndim`` dimensions, matching ``like``."""
-    t = as_float_tensor(x, name, min_ndim=min_ndim, like=like)
-    if like is not None:
-        check_same_dtype(t, name, like, like_name)
-        check_same_device(t, name, like, like_name)
-    check_finite(t, name)
-    return t
-
-
-def _positive_grid(grid, name: str, default: tuple[float, float, int], like: torch.Tensor) -> torch.Tensor:
-    """A 1-D tensor of finite numbers > 0 (``default``: log-spaced from 10**lo to 10**hi)."""
-    if grid is None:
-        lo, hi, n = default
-        return torch.logspace(lo, hi, n, dtype=like.dtype, device=like.device)
-    grid = _tensor(grid, name, 1, like, "the other tensors")
-    if grid.ndim != 1 or grid.numel() == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D tensor; got shape {tuple(grid.shape)}")
-    require((grid > 0).all(), f"{name} must hold numbers > 0")
-    return grid
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,17 +160,17 @@ def preference_view(templates, u, z, alpha, *, alpha_grid=None, tol: float | Non
         Anonymous authors (2024), *Deciphering attention mechanisms: optimization and Fenchel dual
         solutions*, eqs. (4), (11), (12) and (18).
     """
-    T = _tensor(templates, "templates", 2)
+    T = float_arg(templates, "templates", 2)
     if T.shape[-2] == 0:
         raise ValueError("templates must hold at least one template (shape (..., n, d) with n >= 1)")
-    u = _tensor(u, "u", 1, T, "templates")
-    z = _tensor(z, "z", 1, T, "templates")
+    u = float_arg(u, "u", 1, T, "templates")
+    z = float_arg(z, "z", 1, T, "templates")
     check_shape_match(u, "u", T, "templates", [(-1, -2)])
     check_shape_match(z, "z", T, "templates", [(-1, -1)])
     check_probability_vector(u, "u")
     alpha = check_positive(alpha, "alpha")
     tol = (1e-12 if T.dtype == torch.float64 else 1e-5) if tol is None else check_positive(tol, "tol")
-    grid = _positive_grid(alpha_grid, "alpha_grid", (-2.0, 1.0, 41), T)
+    grid = grid_arg(alpha_grid, "alpha_grid", (-2.0, 1.0, 41), T)
     batch = broadcast_shapes(templates=T.shape[:-2], u=u.shape[:-1], z=z.shape[:-1])
     n, d = T.shape[-2:]
     T, u, z = T.expand(*batch, n, d), u.expand(*batch, n), z.expand(*batch, d)
@@ -250,19 +225,6 @@ class FlowView(NamedTuple):
     clusters: torch.Tensor
 
 
-def _count_clusters(x: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
-    """Connected components of the graph "closer than radius", by repeated squaring (no host read)."""
-    n = x.shape[-2]
-    linked = torch.cdist(x, x) <= radius[..., None, None]
-    for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
-        reach = linked.to(x.dtype)
-        linked = linked | (reach @ reach > 0)
-    # each particle's label is the first particle it reaches; one cluster per label
-    label = linked.to(torch.int64).argmax(dim=-1)
-    own = torch.arange(n, device=x.device)
-    return (label == own).sum(-1)
-
-
 def particle_flow(x, temperature, depth: int, *, variant: str = "attention", resolution: float = 1e-3) -> FlowView:
     r"""Self-attention iterated on its own tokens: an interacting particle system.
 
@@ -308,7 +270,7 @@ def particle_flow(x, temperature, depth: int, *, variant: str = "attention", res
         Vuckovic, Baratin and Tachet des Combes (2020), *A mathematical theory of attention*,
         Sec. 3 ("Attention as a system of interacting particles") and Sec. 6.2.
     """
-    x = _tensor(x, "x", 2)
+    x = float_arg(x, "x", 2)
     if x.shape[-2] == 0:
         raise ValueError("x must hold at least one particle (shape (..., N, d) with N >= 1)")
     temperature = check_positive(temperature, "temperature")
@@ -322,7 +284,7 @@ def particle_flow(x, temperature, depth: int, *, variant: str = "attention", res
         kwargs = {}
     layers = self_attention_flow(x, depth, scale=1.0 / temperature, **kwargs)
     diameters = torch.cdist(layers, layers).amax(dim=(-2, -1))
-    clusters = _count_clusters(layers, resolution * diameters[0])
+    clusters = count_clusters(layers, resolution * diameters[0])
     return FlowView(layers=layers, diameters=diameters, clusters=clusters)
 
 
@@ -408,7 +370,7 @@ def regularized_weights(
         eqs. (4)-(5) and (13); Peters, Niculae and Martins (2019) for :math:`\alpha`-entmax; Press,
         Smith and Lewis (2022) for ALiBi.
     """
-    s = _tensor(scores, "scores", 1)
+    s = float_arg(scores, "scores", 1)
     n = s.shape[-1]
     if n == 0:
         raise ValueError("scores must hold at least one key (shape (..., n) with n >= 1)")
@@ -416,7 +378,7 @@ def regularized_weights(
     regularizer = check_choice(regularizer, "regularizer", REGULARIZERS)
     alpha = check_number(alpha, "alpha", low=1.0, hint=" (alpha = 1 is the softmax)")
     slope = check_number(alibi_slope, "alibi_slope", low=0.0)
-    grid = _positive_grid(tau_grid, "tau_grid", (-1.5, 1.0, 41), s)
+    grid = grid_arg(tau_grid, "tau_grid", (-1.5, 1.0, 41), s)
     if slope > 0:
         bias = alibi_log_prior(1, n, slope, dtype=s.dtype, device=s.device)[0]
     else:
@@ -493,7 +455,7 @@ def image_value_function(image, n_per_axis: int = 14, *, penalty: float = 1e-3) 
         Farinhas (2021), *Visual attention with sparse and continuous transformations*, eq. (3.17)
         and Sec. 6.2.2.
     """
-    image = _tensor(image, "image", 3)
+    image = float_arg(image, "image", 3)
     if image.ndim != 3 or 0 in image.shape:
         raise ValueError(f"image must have shape (C, H, W) with C, H, W >= 1; got {tuple(image.shape)}")
     n_per_axis = check_int(n_per_axis, "n_per_axis", minimum=2)
@@ -585,8 +547,8 @@ def density_view(values: ImageValues, mu, covariance, family: str = "gaussian") 
     if not isinstance(values, ImageValues):
         raise TypeError(f"values must be the ImageValues of image_value_function; got {type(values).__name__}")
     image = values.image
-    mu = _tensor(mu, "mu", 1, image, "the image")
-    V = _tensor(covariance, "covariance", 2, image, "the image")
+    mu = float_arg(mu, "mu", 1, image, "the image")
+    V = float_arg(covariance, "covariance", 2, image, "the image")
     family = check_choice(family, "family", ("gaussian", "truncated_paraboloid"))
     if mu.shape[-1] != 2:
         raise ValueError(f"mu must have shape (..., 2) (row, column); got {tuple(mu.shape)}")
@@ -689,8 +651,8 @@ def four_views(query, keys, tau, *, regularizer: str = "entropy", absent: int | 
         Anonymous authors (2024), eq. (18); Vuckovic, Baratin and Tachet des Combes (2020), Def. 8
         and Prop. 9; Litman (2025), eqs. (4)-(5) and (13); Farinhas (2021), Sec. 4.1.
     """
-    q = _tensor(query, "query", 1)
-    K = _tensor(keys, "keys", 2, q, "query")
+    q = float_arg(query, "query", 1)
+    K = float_arg(keys, "keys", 2, q, "query")
     check_shape_match(q, "query", K, "keys", [(-1, -1)])
     m, d = K.shape[-2:]
     if m < 2:

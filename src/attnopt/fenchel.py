@@ -48,7 +48,9 @@ import torch
 
 from ._fenchel_checks import (
     b_arg,
+    deviation_args,
     gaussian_args,
+    masked_bias_arg,
     ot_family_arg,
     preference_arg,
     solver_args,
@@ -56,19 +58,9 @@ from ._fenchel_checks import (
     true_preference_args,
     vector_arg,
 )
-from ._fenchel_solvers import KLFamily, scores, solve, true_preference_weights
+from ._fenchel_solvers import KLFamily, estimate, gaussian_lambda, scores, solve, true_preference_weights
 from ._numerics import log_or_neg_inf
-from ._validation import (
-    all_finite,
-    as_float_tensor,
-    broadcast_shapes,
-    check_bool_mask,
-    check_finite,
-    check_positive,
-    check_same_device,
-    check_same_dtype,
-    require,
-)
+from ._validation import all_finite, broadcast_shapes, check_positive, require
 
 __all__ = [
     "dual_objective",
@@ -162,10 +154,7 @@ def generalized_attention(z, templates, u=None, alpha=1.0) -> tuple[torch.Tensor
         broadcast_shapes(**{"the weights of z and templates": s.shape, "u": uq.shape})
         s = s + log_or_neg_inf(uq)
     weights = torch.softmax(s, dim=-1)
-    h = weights @ T
-    if single:
-        h, weights = h.squeeze(-2), weights.squeeze(-2)
-    return h, weights
+    return estimate(weights, T, single)
 
 
 def t5_preference(position_bias, mask=None) -> torch.Tensor:
@@ -205,21 +194,7 @@ def t5_preference(position_bias, mask=None) -> torch.Tensor:
         Raffel et al. (2020), *Exploring the Limits of Transfer Learning with a Unified
         Text-to-Text Transformer*, Sec. 2.1 (relative position embeddings).
     """
-    bias = as_float_tensor(position_bias, "position_bias", min_ndim=1)
-    shape = bias.shape
-    if mask is not None:
-        check_bool_mask(mask, "mask", device=bias.device, meaning="True = may attend")
-        shape = broadcast_shapes(position_bias=bias.shape, mask=mask.shape)
-    if shape[-1] == 0:
-        raise ValueError(f"position_bias must hold at least one word (shape (..., n) with n >= 1); got {tuple(shape)}")
-    check_finite(bias, "position_bias", allow_neg_inf=True)
-    if mask is not None:
-        bias = bias.masked_fill(~mask, float("-inf"))
-    require(
-        (bias > float("-inf")).any(dim=-1).all(),
-        "every word of some row is masked (by mask or a -inf position_bias); a preference needs at least one allowed word",
-    )
-    return torch.softmax(bias, dim=-1)
+    return torch.softmax(masked_bias_arg(position_bias, mask), dim=-1)
 
 
 # -------- the dual (9) and its exact maximizer -------------------------------------------------
@@ -404,16 +379,9 @@ def relative_deviation(lam_star, approx) -> torch.Tensor:
     References:
         Anonymous authors (2024), *Deciphering Attention Mechanisms*, eq. (16) and Fig. 4.
     """
-    lam_star = as_float_tensor(lam_star, "lam_star", min_ndim=1)
-    approx = as_float_tensor(approx, "approx", min_ndim=1, like=lam_star)
-    check_same_dtype(approx, "approx", lam_star, "lam_star")
-    check_same_device(approx, "approx", lam_star, "lam_star")
-    shape = broadcast_shapes(lam_star=lam_star.shape, approx=approx.shape)
-    check_finite(lam_star, "lam_star")
-    check_finite(approx, "approx")
-    lam_star, approx = lam_star.expand(shape), approx.expand(shape)
-    if shape[-1] == 0:
-        return lam_star.new_zeros(shape[:-1])
+    lam_star, approx = deviation_args(lam_star, approx)
+    if lam_star.shape[-1] == 0:
+        return lam_star.new_zeros(lam_star.shape[:-1])
     scale = torch.maximum(lam_star.detach().abs().amax(-1), approx.detach().abs().amax(-1))
     scale = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1)
     diff = (lam_star / scale - approx / scale).norm(dim=-1)
@@ -460,7 +428,7 @@ def gaussian_dual_maximizer(mu, b, alpha, *, cov=None) -> torch.Tensor:
         Anonymous authors (2024), *Deciphering Attention Mechanisms*, Sec. 5 and eq. (15).
     """
     mu, b, alpha, cov = gaussian_args(mu, b, alpha, cov)
-    return _gaussian_lambda(mu, b, alpha, cov)
+    return gaussian_lambda(mu, b, alpha, cov)
 
 
 def gaussian_estimate(mu, b, alpha, *, cov=None) -> torch.Tensor:
@@ -499,19 +467,8 @@ def gaussian_estimate(mu, b, alpha, *, cov=None) -> torch.Tensor:
     mu, b, alpha, cov = gaussian_args(mu, b, alpha, cov)
     if cov is None:
         return mu * (1.0 / (1.0 + alpha)) + b * (alpha / (1.0 + alpha))
-    lam = _gaussian_lambda(mu, b, alpha, cov)
+    lam = gaussian_lambda(mu, b, alpha, cov)
     return mu + (cov @ lam.unsqueeze(-1)).squeeze(-1)
-
-
-def _gaussian_lambda(mu, b, alpha, cov):
-    if cov is None:
-        return alpha / (1.0 + alpha) * (b - mu)
-    d = mu.shape[-1]
-    work = torch.float32 if mu.dtype in (torch.float16, torch.bfloat16) else mu.dtype  # no half-precision solve
-    eye = torch.eye(d, dtype=work, device=mu.device)
-    # solve_ex: no host read for the error check (I + alpha cov has eigenvalues >= 1 for a checked cov)
-    lam = alpha * torch.linalg.solve_ex(eye + alpha * cov.to(work), (b - mu).to(work).unsqueeze(-1))[0].squeeze(-1)
-    return lam.to(mu.dtype)
 
 
 # -------- the entropic optimal-transport variant (Sec. 9, Appendix D) --------------------------
@@ -606,10 +563,7 @@ def ot_attention(z, templates, u=None, cost=None, alpha=1.0, gamma=1.0) -> tuple
     alpha = check_positive(alpha, "alpha")
     family = ot_family_arg(u, cost, gamma, T, zq, single, "z")
     weights = family.probs(scores(zq, T, alpha, "z"))
-    h = weights @ T
-    if single:
-        h, weights = h.squeeze(-2), weights.squeeze(-2)
-    return h, weights
+    return estimate(weights, T, single)
 
 
 def ot_dual_objective(lam, b, templates, u=None, cost=None, alpha=1.0, gamma=1.0) -> torch.Tensor:
@@ -736,7 +690,4 @@ def ot_exact_estimate(z, templates, u=None, cost=None, alpha=1.0, gamma=1.0, tol
     bq = zq + family.prior(zq) @ T
     lam = solve(bq, T, family, alpha, tol, max_iter, "auto", "ot_exact_estimate")
     weights = family.probs(lam @ T.mT)
-    h = weights @ T
-    if single:
-        h, weights = h.squeeze(-2), weights.squeeze(-2)
-    return h, weights
+    return estimate(weights, T, single)

@@ -43,24 +43,18 @@ from typing import Callable
 
 import torch
 
-from ._kernels_checks import layer_matrices, measure_args, multihead_args, table_arg
+from ._kernels_checks import (
+    layer_matrices,
+    log_potential_arg,
+    measure_args,
+    multihead_args,
+    table_arg,
+    tilt_args,
+)
 from ._kernels_maxent import newton_tilt
 from ._kernels_softmatch import Similarity, softmatch_weights, weighted_sum
 from ._numerics import log_or_neg_inf
-from ._validation import (
-    as_float_tensor,
-    broadcast_shapes,
-    check_bool,
-    check_choice,
-    check_finite,
-    check_int,
-    check_nonnegative,
-    check_positive,
-    check_same_device,
-    check_same_dtype,
-    check_shape_match,
-    require,
-)
+from ._validation import as_float_tensor, check_bool, check_choice, check_int, check_positive, require
 
 __all__ = [
     "EmpiricalMeasure",
@@ -226,24 +220,7 @@ def boltzmann_gibbs(nu: EmpiricalMeasure, potential=None, *, log_potential=None)
         Vuckovic, Baratin and Tachet des Combes (2020), *A Mathematical Theory of Attention*, Def. 3.
     """
     nu = _as_measure(nu, "nu")
-    if (potential is None) == (log_potential is None):
-        raise ValueError("give exactly one of potential and log_potential")
-    name = "potential" if potential is not None else "log_potential"
-    given = potential if potential is not None else log_potential
-    values = given(nu.points) if callable(given) else given
-    values = as_float_tensor(values, name, min_ndim=1, like=nu.points)
-    check_same_dtype(values, name, nu.points, "nu's points")
-    check_same_device(values, name, nu.points, "nu's points")
-    check_shape_match(values, name, nu.weights, "nu.weights", [(-1, -1)])
-    broadcast_shapes(**{f"the batch dimensions of {name}": values.shape[:-1], "the batch dimensions of nu": nu.batch_shape})
-    if potential is not None:
-        check_finite(values, name)
-        check_nonnegative(values, name, what=" (g: E -> [0, inf))")
-        logits = log_or_neg_inf(values)
-    else:
-        check_finite(values, name, allow_neg_inf=True)
-        logits = values
-    logits = logits + log_or_neg_inf(nu.weights)
+    logits = log_potential_arg(nu, potential, log_potential) + log_or_neg_inf(nu.weights)
     require((logits > float("-inf")).any(dim=-1).all(), "nu(g) = 0: the potential vanishes on the whole support of nu")
     return EmpiricalMeasure._trusted(nu.points, torch.softmax(logits, dim=-1))
 
@@ -687,19 +664,7 @@ def maximum_entropy_tilt(nu: EmpiricalMeasure, statistics, target, *, max_iter: 
         Vuckovic, Baratin and Tachet des Combes (2020), *A Mathematical Theory of Attention*, Thm. 14.
     """
     nu = _as_measure(nu, "nu")
-    k = as_float_tensor(statistics, "statistics", min_ndim=2, like=nu.points)
-    f = as_float_tensor(target, "target", min_ndim=1, like=nu.points)
-    for name, x in (("statistics", k), ("target", f)):
-        check_same_dtype(x, name, nu.points, "nu's points")
-        check_same_device(x, name, nu.points, "nu's points")
-    check_shape_match(k, "statistics", nu.weights, "nu.weights", [(-2, -1)])
-    check_shape_match(k, "statistics", f, "target", [(-1, -1)])
-    batch = broadcast_shapes(**{"the batch dimensions of statistics": k.shape[:-2],
-                                "the batch dimensions of target": f.shape[:-1], "the batch dimensions of nu": nu.batch_shape})
-    max_iter = check_int(max_iter, "max_iter", 0)
-    tol = (1e-10 if k.dtype == torch.float64 else 1e-5) if tol is None else check_positive(tol, "tol")
-    check_finite(k, "statistics")
-    check_finite(f, "target")
+    k, f, batch, max_iter, tol = tilt_args(nu, statistics, target, max_iter, tol)
     logw = log_or_neg_inf(nu.weights)
     lam = torch.zeros(*batch, k.shape[-1], dtype=k.dtype, device=k.device)
     nothing_to_solve = k.device.type == "meta" or lam.numel() == 0  # the result's shapes, at once

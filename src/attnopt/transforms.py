@@ -22,7 +22,8 @@ transform (the note's table, and Litman's "changing the regularizer"):
 :func:`one_sided_eot` solves the same problem by a generic dual bisection that uses only
 :math:`\nabla\Omega`, so that every closed form above can be checked against it.
 :func:`sinkhorn_attention` is the two-sided problem (both marginals fixed, the note's eq. (3)).
-The thresholds, the generic solver and Sinkhorn's iterations live in ``attnopt._transforms_*``.
+The thresholds, the generic solver, Sinkhorn's iterations and the autograd functions of the
+transforms live in ``attnopt._transforms_*``.
 
 Conventions shared by every transform here:
 
@@ -48,19 +49,11 @@ import math
 from typing import Callable
 
 import torch
-from torch.autograd import Function
 
 from ._numerics import log_or_neg_inf
-from ._transforms_one_sided import regularizer_gradient, solve_one_sided
+from ._transforms_one_sided import OneSidedEOTFunction, regularizer_gradient
 from ._transforms_sinkhorn import SinkhornImplicitFunction, SinkhornUnrolledFunction, rows_to_attention
-from ._transforms_thresholds import (
-    entmax_vjp,
-    safe_max,
-    support_weights,
-    threshold_bisect,
-    threshold_newton,
-    threshold_sort,
-)
+from ._transforms_thresholds import EntmaxBisectFunction, SoftmaxFunction, SparseEntmaxFunction, safe_max
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
@@ -130,22 +123,6 @@ def _from_last(p: torch.Tensor, dim: int, like: torch.Tensor) -> torch.Tensor:
 # -------- softmax and prior softmax: the entropic regularizers -------------------------------
 
 
-class _SoftmaxFunction(Function):
-    @staticmethod
-    def forward(ctx, z):
-        p = torch.softmax(z, dim=-1)
-        # An all -inf row comes out as NaN (0/0); define it as zeros.  The backward below then
-        # gives it a zero gradient, since p = 0 on the whole row.
-        p.masked_fill_(torch.isneginf(z.amax(dim=-1, keepdim=True)), 0.0)  # in place: no new tensor
-        ctx.save_for_backward(p)
-        return p
-
-    @staticmethod
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        return entmax_vjp(p, grad)  # s = p: the softmax Jacobian diag(p) - p p^T
-
-
 def softmax(scores: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tensor:
     r"""Softmax at temperature :math:`\tau`, the entropic one-sided transport plan of Litman (2025).
 
@@ -186,7 +163,7 @@ def softmax(scores: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tens
         # Shift by the row maximum *before* dividing: a small tau would overflow s / tau.  The
         # weights do not depend on the shift, so no gradient flows through it (detach: exact).
         z = (z - safe_max(z).detach()) / tau
-    return _from_last(_SoftmaxFunction.apply(z), d, x)
+    return _from_last(SoftmaxFunction.apply(z), d, x)
 
 
 def prior_softmax(scores: torch.Tensor, prior: torch.Tensor, tau: float = 1.0, dim: int = -1, *,
@@ -246,7 +223,7 @@ def prior_softmax(scores: torch.Tensor, prior: torch.Tensor, tau: float = 1.0, d
     z = x.to(_work_dtype(x))
     z = (z - safe_max(z.movedim(d, -1)).movedim(-1, d).detach()) / tau + log_pi
     d = check_dim(dim, z.ndim)
-    return _from_last(_SoftmaxFunction.apply(_to_last(z, d)), d, x)
+    return _from_last(SoftmaxFunction.apply(_to_last(z, d)), d, x)
 
 
 def alibi_log_prior(n_queries: int, n_keys: int, slope, *, causal: bool = True, device: torch.device | str | None = None,
@@ -323,34 +300,6 @@ def alibi_log_prior(n_queries: int, n_keys: int, slope, *, causal: bool = True, 
 # -------- sparsemax, 1.5-entmax and alpha-entmax: the Tsallis regularizers -------------------
 
 
-class _SparseEntmaxFunction(Function):
-    """Sparsemax (``power=1``) and 1.5-entmax (``power=2``): :math:`p=[(x-\\theta)/power]_+^{power}`."""
-
-    @staticmethod
-    def forward(ctx, x, power, method):
-        top = safe_max(x)
-        if method == "sort":
-            y = (x - top) / power
-            p = torch.clamp(y - threshold_sort(y, power), min=0)
-        else:
-            buf = torch.empty_like(x)
-            delta = threshold_newton(x, top, power, buf)
-            p = torch.sub(x, top, out=buf).sub_(delta).clamp_(min=0)  # the buffer's pages are already mapped
-            if power == 2:
-                p.mul_(0.5)
-        if power == 2:
-            p = p.square_()
-        ctx.power = power
-        ctx.save_for_backward(p)
-        return p
-
-    @staticmethod
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        alpha = 1.0 + 1.0 / ctx.power  # sparsemax is 2-entmax, p = [.]_+^(1/(alpha-1))
-        return entmax_vjp(support_weights(p, alpha), grad), None, None
-
-
 def _sparse_entmax(scores, dim: int, method: str, power: int) -> torch.Tensor:
     x, d = _prepare(scores, dim)
     check_choice(method, "method", _METHODS)
@@ -360,7 +309,7 @@ def _sparse_entmax(scores, dim: int, method: str, power: int) -> torch.Tensor:
         method = "newton" if host_reads_allowed(x) else "sort"
     if x.numel() == 0:
         return _empty_result(x)
-    return _from_last(_SparseEntmaxFunction.apply(_to_last(x, d), power, method), d, x)
+    return _from_last(SparseEntmaxFunction.apply(_to_last(x, d), power, method), d, x)
 
 
 def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> torch.Tensor:
@@ -434,20 +383,6 @@ def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> to
     return _sparse_entmax(scores, dim, method, power=2)
 
 
-class _EntmaxBisectFunction(Function):
-    @staticmethod
-    def forward(ctx, x, alpha, n_iter):
-        p = threshold_bisect(x, alpha, n_iter)
-        ctx.alpha = alpha
-        ctx.save_for_backward(p)
-        return p
-
-    @staticmethod
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        return entmax_vjp(support_weights(p, ctx.alpha), grad), None, None
-
-
 def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None = None, tol: float = 1e-6) -> torch.Tensor:
     r""":math:`\alpha`-entmax of Peters, Niculae and Martins (2019) for any :math:`\alpha\ge 1`.
 
@@ -506,33 +441,11 @@ def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None
         return _empty_result(x)
     y = _to_last(x, d)
     if alpha - 1.0 <= 1e-6:
-        return _from_last(_SoftmaxFunction.apply(y), d, x)
-    return _from_last(_EntmaxBisectFunction.apply(y, alpha, n_iter), d, x)
+        return _from_last(SoftmaxFunction.apply(y), d, x)
+    return _from_last(EntmaxBisectFunction.apply(y, alpha, n_iter), d, x)
 
 
 # -------- the generic one-sided problem (the reference solver) -------------------------------
-
-
-class _OneSidedEOTFunction(Function):
-    @staticmethod
-    def forward(ctx, cost, eps, grad_omega, active, n_iter):
-        p = solve_one_sided(cost, eps, grad_omega, active, n_iter)
-        ctx.eps = eps
-        ctx.grad_omega = grad_omega
-        ctx.save_for_backward(p)
-        return p
-
-    @staticmethod
-    def backward(ctx, grad):
-        (p,) = ctx.saved_tensors
-        # Implicit function theorem on the KKT system: dp/dC = -(diag(h) - h h^T / sum h) / eps
-        # with h = 1 / omega''(p) on the support, omega'' obtained by autograd of omega'.
-        on = p > 0
-        with torch.enable_grad():
-            q = torch.where(on, p, torch.full_like(p, 0.5)).detach().requires_grad_(True)
-            (second,) = torch.autograd.grad(ctx.grad_omega(q).expand_as(q).sum(), q)
-        h = torch.where(on, 1 / second, torch.zeros_like(p))
-        return -entmax_vjp(h, grad) / ctx.eps, None, None, None, None
 
 
 def one_sided_eot(cost: torch.Tensor, eps: float = 1.0, regularizer: str | Callable = "entropy", *, alpha: float = 1.5,
@@ -613,7 +526,7 @@ def one_sided_eot(cost: torch.Tensor, eps: float = 1.0, regularizer: str | Calla
         active = active & (pi > 0)
         log_prior = torch.log(torch.where(pi > 0, pi, torch.ones_like(pi)))
     grad_omega = regularizer_gradient(regularizer, alpha, log_prior)
-    p = _OneSidedEOTFunction.apply(work, eps, grad_omega, active, n_iter)
+    p = OneSidedEOTFunction.apply(work, eps, grad_omega, active, n_iter)
     return p.movedim(-1, d).to(c.dtype)
 
 

@@ -34,10 +34,10 @@ import torch
 from matplotlib.figure import Figure
 
 from . import explore
-from ._validation import as_float_tensor, check_choice, check_int, check_number
-
-#: The environment variable that silences :func:`progress` (tqdm's own; the book's runner sets it).
-PROGRESS_ENV = "TQDM_DISABLE"
+from ._validation import check_choice, check_int, check_number
+from ._widgets_checks import check_view, tensor_arg
+from ._widgets_controls import dropdown, int_slider, log_slider, slider
+from ._widgets_drawing import convex_hull, to_numpy
 from .plotting import _STYLE, PALETTE
 
 __all__ = [
@@ -55,25 +55,11 @@ __all__ = [
     "regularizer_explorer",
 ]
 
+#: The environment variable that silences :func:`progress` (tqdm's own; the book's runner sets it).
+PROGRESS_ENV = "TQDM_DISABLE"
 #: Size of an explorer's figure, in inches (the book's column).
 FIGSIZE = (6.5, 3.2)
 _DPI = 110
-
-
-def _numpy(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-def _check_figure(fig) -> Figure:
-    if not isinstance(fig, Figure):
-        raise TypeError(f"fig must be a matplotlib Figure; got {type(fig).__name__}")
-    return fig
-
-
-def _check_view(view, kind: type, name: str = "view"):
-    if not isinstance(view, kind):
-        raise TypeError(f"{name} must be the {kind.__name__} of attnopt.explore; got {type(view).__name__}")
-    return view
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,55 +199,9 @@ class Explorer:
         return self.widget._repr_mimebundle_(**kwargs)
 
 
-def _widgets():
-    import ipywidgets
-
-    return ipywidgets
-
-
-def _style() -> dict:
-    return dict(style={"description_width": "initial"}, continuous_update=False)
-
-
-def _log_slider(value: float, name: str, low: float, high: float, description: str):
-    """A log-scale slider from ``low`` to ``high`` (powers of ten), after checking ``value`` lies there."""
-    value = check_number(value, name, low=low, high=high)
-    return _widgets().FloatLogSlider(value=value, base=10, min=math.log10(low), max=math.log10(high), step=0.05,
-                                     description=description, readout_format=".3g", **_style())
-
-
-def _slider(value: float, name: str, low: float, high: float, step: float, description: str):
-    value = check_number(value, name, low=low, high=high)
-    return _widgets().FloatSlider(value=value, min=low, max=high, step=step, description=description,
-                                  readout_format=".2f", **_style())
-
-
 # --------------------------------------------------------------------------------------------
 # Chapter 1: alpha and the preference
 # --------------------------------------------------------------------------------------------
-
-
-def _turn(o, a, b) -> float:
-    """The z-component of (a - o) x (b - o): > 0 for a left turn."""
-    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
-
-
-def _hull(points: np.ndarray) -> np.ndarray:
-    """Vertices of the convex hull of 2-D points, counter-clockwise (Andrew's monotone chain)."""
-    pts = sorted(map(tuple, points))
-    if len(pts) < 3:
-        return np.array(pts)
-
-    def half(seq):
-        out = []
-        for p in seq:
-            while len(out) >= 2 and _turn(out[-2], out[-1], p) <= 0:
-                out.pop()
-            out.append(p)
-        return out
-
-    lower, upper = half(pts), half(reversed(pts))
-    return np.array(lower[:-1] + upper[:-1])
 
 
 def draw_preference(view: explore.PreferenceView, fig: Figure) -> None:
@@ -280,14 +220,12 @@ def draw_preference(view: explore.PreferenceView, fig: Figure) -> None:
         TypeError: ``view`` not a ``PreferenceView``, ``fig`` not a Figure.
         ValueError: a batched view, or templates not in the plane.
     """
-    _check_view(view, explore.PreferenceView)
-    _check_figure(fig)
-    if view.templates.ndim != 2 or view.templates.shape[-1] != 2:
-        raise ValueError(f"view must hold one set of templates in the plane, shape (n, 2); got {tuple(view.templates.shape)}")
-    T, u = _numpy(view.templates), _numpy(view.u)
-    mu, b, exact, closed = (_numpy(x) for x in (view.mu, view.b, view.exact, view.closed_form))
+    check_view(view, explore.PreferenceView, fig, "templates", 2,
+               "one set of templates in the plane, shape (n, 2)", plane=True)
+    T, u = to_numpy(view.templates), to_numpy(view.u)
+    mu, b, exact, closed = (to_numpy(x) for x in (view.mu, view.b, view.exact, view.closed_form))
     left, right = fig.subplots(1, 2, width_ratios=[1.15, 1])
-    hull = _hull(T)
+    hull = convex_hull(T)
     left.fill(hull[:, 0], hull[:, 1], color="#eeeeee", zorder=0)
     left.scatter(T[:, 0], T[:, 1], s=30 + 500 * u, color=PALETTE["orange"], zorder=3, label="templates $t_i$")
     left.annotate("", xy=b, xytext=mu, arrowprops=dict(arrowstyle="-|>", color=PALETTE["blue"], lw=1.6))
@@ -299,7 +237,7 @@ def draw_preference(view: explore.PreferenceView, fig: Figure) -> None:
     left.set_title(rf"$\alpha={view.alpha:.3g}$")
     left.legend(loc="upper left", bbox_to_anchor=(0.0, -0.02), ncols=2, handlelength=1.0, columnspacing=0.8)
     left.set_axis_off()
-    grid, curve = _numpy(view.alpha_grid), _numpy(view.error_curve)
+    grid, curve = to_numpy(view.alpha_grid), to_numpy(view.error_curve)
     right.loglog(grid, curve, "-", color=PALETTE["vermillion"], lw=1.8)
     right.loglog([view.alpha], [float(view.error)], "o", color="black", ms=6)
     right.set_xlabel(r"reliability $\alpha$")
@@ -332,19 +270,14 @@ def preference_explorer(templates, z, *, alpha: float = 1.0, favoured: int = 0, 
         TypeError, ValueError: as :func:`attnopt.explore.preference_view`, and for an initial
             value outside its control's range.
     """
-    T = as_float_tensor(templates, "templates", min_ndim=2)
-    if T.ndim != 2 or T.shape[0] < 2 or T.shape[1] != 2:
-        raise ValueError(f"templates must have shape (n, 2) with n >= 2; got {tuple(T.shape)}")
+    T = tensor_arg(templates, "templates", "(n, 2) with n >= 2", min_rows=2, columns=2)
     n = T.shape[0]
     favoured = check_int(favoured, "favoured", minimum=0, maximum=n - 1)
     mass = check_number(1.0 / n if mass is None else mass, "mass", low=0.05, high=0.95)
-    w = _widgets()
     controls = {
-        "alpha": _log_slider(alpha, "alpha", 1e-2, 10.0, "reliability α"),
-        "favoured": w.Dropdown(options=[(f"t{i + 1}", i) for i in range(n)], value=favoured,
-                               description="favoured template", style=_style()["style"]),
-        "mass": w.FloatSlider(value=mass, min=0.05, max=0.95, step=0.01, description="its preference",
-                              readout_format=".2f", **_style()),
+        "alpha": log_slider(alpha, "alpha", 1e-2, 10.0, "reliability α"),
+        "favoured": dropdown([(f"t{i + 1}", i) for i in range(n)], favoured, "favoured template"),
+        "mass": slider(mass, "mass", 0.05, 0.95, 0.01, "its preference"),
     }
 
     def compute(alpha, favoured, mass):
@@ -380,13 +313,11 @@ def draw_flow(view: explore.FlowView, fig: Figure, layer: int) -> None:
         TypeError: ``view`` not a ``FlowView``, ``fig`` not a Figure, ``layer`` not an int.
         ValueError: a batched view, particles not in the plane, ``layer`` out of range.
     """
-    _check_view(view, explore.FlowView)
-    _check_figure(fig)
-    if view.layers.ndim != 3 or view.layers.shape[-1] != 2:
-        raise ValueError(f"view must hold one cloud in the plane, layers of shape (L + 1, N, 2); got {tuple(view.layers.shape)}")
+    check_view(view, explore.FlowView, fig, "layers", 3,
+               "one cloud in the plane, layers of shape (L + 1, N, 2)", plane=True)
     depth = view.layers.shape[0] - 1
     layer = check_int(layer, "layer", minimum=0, maximum=depth)
-    xs = _numpy(view.layers)
+    xs = to_numpy(view.layers)
     left, right = fig.subplots(1, 2)
     lim = 1.1 * np.abs(xs[0]).max()
     left.scatter(xs[0][:, 0], xs[0][:, 1], s=10, color="#bbbbbb", label="layer 0")
@@ -394,7 +325,7 @@ def draw_flow(view: explore.FlowView, fig: Figure, layer: int) -> None:
     left.set(xlim=(-lim, lim), ylim=(-lim, lim), xticks=[], yticks=[], aspect="equal")
     left.set_title(f"layer {layer}: {int(view.clusters[layer])} cluster(s)")
     # relative to the initial diameter, floored at 1e-12 (round-off of a collapsed cloud)
-    relative = np.maximum(_numpy(view.diameters) / float(view.diameters[0]), 1e-12)
+    relative = np.maximum(to_numpy(view.diameters) / float(view.diameters[0]), 1e-12)
     right.semilogy(range(depth + 1), relative, "o-", ms=3, color=PALETTE["blue"])
     right.semilogy([layer], [relative[layer]], "o", color="black", ms=7)
     right.set(xlabel="layer $h$", ylim=(3e-13, 3.0))
@@ -422,18 +353,15 @@ def flow_explorer(x, *, temperature: float = 1.0, layer: int = 3, variant: str =
         TypeError, ValueError: as :func:`attnopt.explore.particle_flow`, for particles not in the
             plane, and for an initial value outside its control's range.
     """
-    x = as_float_tensor(x, "x", min_ndim=2)
-    if x.ndim != 2 or x.shape[-1] != 2:
-        raise ValueError(f"x must have shape (N, 2) (particles in the plane); got {tuple(x.shape)}")
+    x = tensor_arg(x, "x", "(N, 2) (particles in the plane)", columns=2)
     depth = check_int(depth, "depth", minimum=1, maximum=64)
     layer = check_int(layer, "layer", minimum=0, maximum=depth)
     variant = check_choice(variant, "variant", ("attention", "sphere"))
-    w = _widgets()
     controls = {
-        "temperature": _log_slider(temperature, "temperature", 0.05, 20.0, "temperature τ"),
-        "layer": w.IntSlider(value=layer, min=0, max=depth, description="layer", **_style()),
-        "variant": w.Dropdown(options=[("attention only", "attention"), ("residual, on the circle", "sphere")],
-                              value=variant, description="variant", style=_style()["style"]),
+        "temperature": log_slider(temperature, "temperature", 0.05, 20.0, "temperature τ"),
+        "layer": int_slider(layer, depth, "layer"),
+        "variant": dropdown([("attention only", "attention"), ("residual, on the circle", "sphere")], variant,
+                            "variant"),
     }
     flows = {}  # one flow per (temperature, variant): moving the layer slider recomputes nothing
 
@@ -474,15 +402,12 @@ def draw_regularizer(view: explore.RegularizerView, fig: Figure, *, tau: float |
 
     Raises:
         TypeError: ``view`` not a ``RegularizerView``, ``fig`` not a Figure, ``tau`` not a number.
-        ValueError: a batched view, ``tau`` not > 0.
+        ValueError: a batched view (its ``weights`` not of shape ``(n,)``), ``tau`` not > 0.
     """
-    _check_view(view, explore.RegularizerView)
-    _check_figure(fig)
-    if view.weights.ndim != 1:
-        raise ValueError(f"view must hold one query's weights, shape (n,); got {tuple(view.weights.shape)}")
+    check_view(view, explore.RegularizerView, fig, "weights", 1, "one query's weights, shape (n,)")
     if tau is not None:
         tau = check_number(tau, "tau", low=0.0, low_open=True)
-    p, bias = _numpy(view.weights), _numpy(view.bias)
+    p, bias = to_numpy(view.weights), to_numpy(view.bias)
     n = len(p)
     keys = np.arange(n)
     left, right = fig.subplots(1, 2, width_ratios=[1.3, 1])
@@ -498,7 +423,7 @@ def draw_regularizer(view: explore.RegularizerView, fig: Figure, *, tau: float |
         twin.set_ylabel("ALiBi bias $b_j$", color=PALETTE["vermillion"])
         twin.spines["right"].set_visible(True)
     left.legend(loc="upper left", handlelength=1.0)
-    grid, curve = _numpy(view.tau_grid), _numpy(view.support_curve)
+    grid, curve = to_numpy(view.tau_grid), to_numpy(view.support_curve)
     right.semilogx(grid, curve, "-", color=PALETTE["blue"], lw=1.8, drawstyle="steps-mid")
     if tau is not None:
         right.semilogx([tau], [int(view.support_size)], "o", color="black", ms=6)
@@ -524,17 +449,13 @@ def regularizer_explorer(scores, *, tau: float = 1.0, regularizer: str = "entmax
         TypeError, ValueError: as :func:`attnopt.explore.regularized_weights`, for scores that are
             not one query's, and for an initial value outside its control's range.
     """
-    s = as_float_tensor(scores, "scores", min_ndim=1)
-    if s.ndim != 1:
-        raise ValueError(f"scores must be one query's scores, shape (n,); got {tuple(s.shape)}")
+    s = tensor_arg(scores, "scores", "(n,) (one query's scores)", ndim=1)
     regularizer = check_choice(regularizer, "regularizer", explore.REGULARIZERS)
-    w = _widgets()
     controls = {
-        "tau": _log_slider(tau, "tau", 10**-1.5, 10.0, "strength τ"),
-        "regularizer": w.Dropdown(options=[(v, k) for k, v in _REGULARIZER_LABELS.items()], value=regularizer,
-                                  description="regularizer", style=_style()["style"]),
-        "alpha": _slider(alpha, "alpha", 1.0, 3.0, 0.05, "entmax α"),
-        "alibi_slope": _slider(alibi_slope, "alibi_slope", 0.0, 1.0, 0.05, "ALiBi slope m"),
+        "tau": log_slider(tau, "tau", 10**-1.5, 10.0, "strength τ"),
+        "regularizer": dropdown([(v, k) for k, v in _REGULARIZER_LABELS.items()], regularizer, "regularizer"),
+        "alpha": slider(alpha, "alpha", 1.0, 3.0, 0.05, "entmax α"),
+        "alibi_slope": slider(alibi_slope, "alibi_slope", 0.0, 1.0, 0.05, "ALiBi slope m"),
     }
 
     def sync_alpha(change=None):
@@ -582,13 +503,10 @@ def draw_density(view: explore.DensityView, fig: Figure) -> None:
 
     Raises:
         TypeError: ``view`` not a ``DensityView``, ``fig`` not a Figure.
-        ValueError: a batched view.
+        ValueError: a batched view (its ``density`` not of shape ``(H, W)``).
     """
-    _check_view(view, explore.DensityView)
-    _check_figure(fig)
-    if view.density.ndim != 2:
-        raise ValueError(f"view must hold one density, shape (H, W); got {tuple(view.density.shape)}")
-    image, density = _numpy(view.image), _numpy(view.density)
+    check_view(view, explore.DensityView, fig, "density", 2, "one density, shape (H, W)")
+    image, density = to_numpy(view.image), to_numpy(view.density)
     channels = image.shape[0]
     left, right = fig.subplots(1, 2, width_ratios=[1.1, 1])
     shown = np.clip(image.transpose(1, 2, 0), 0, 1) if channels == 3 else image.mean(0)
@@ -601,11 +519,11 @@ def draw_density(view: explore.DensityView, fig: Figure) -> None:
         levels = top * np.array([0.1, 0.3, 0.5, 0.7, 0.9])
         left.contour(cols, rows, density, levels=levels, colors="white", linewidths=1.0)
     if not view.support.all() and view.support.any():
-        left.contour(cols, rows, _numpy(view.support).astype(float), levels=[0.5], colors=PALETTE["orange"],
+        left.contour(cols, rows, to_numpy(view.support).astype(float), levels=[0.5], colors=PALETTE["orange"],
                      linewidths=2.0)
     left.set(xticks=[], yticks=[])
     left.set_title(f"density: {100 * float(view.support.float().mean()):.0f}% of pixels")
-    context, pixels = _numpy(view.context), _numpy(view.pixel_context)
+    context, pixels = to_numpy(view.context), to_numpy(view.pixel_context)
     names = ["R", "G", "B"] if channels == 3 else [f"{i + 1}" for i in range(channels)]
     colours = [PALETTE["vermillion"], PALETTE["green"], PALETTE["blue"]] if channels == 3 else [PALETTE["blue"]] * channels
     x = np.arange(channels)
@@ -650,15 +568,13 @@ def density_explorer(image, *, row: float = 0.5, column: float = 0.5, sigma_row:
     """
     values = explore.image_value_function(image, n_per_axis)
     family = check_choice(family, "family", tuple(_FAMILY_LABELS))
-    w = _widgets()
     controls = {
-        "row": _slider(row, "row", 0.0, 1.0, 0.01, "μ row"),
-        "column": _slider(column, "column", 0.0, 1.0, 0.01, "μ column"),
-        "sigma_row": _slider(sigma_row, "sigma_row", 0.03, 0.5, 0.01, "σ row"),
-        "sigma_column": _slider(sigma_column, "sigma_column", 0.03, 0.5, 0.01, "σ column"),
-        "correlation": _slider(correlation, "correlation", -0.9, 0.9, 0.05, "correlation ρ"),
-        "family": w.Dropdown(options=[(v, k) for k, v in _FAMILY_LABELS.items()], value=family,
-                             description="family", style=_style()["style"]),
+        "row": slider(row, "row", 0.0, 1.0, 0.01, "μ row"),
+        "column": slider(column, "column", 0.0, 1.0, 0.01, "μ column"),
+        "sigma_row": slider(sigma_row, "sigma_row", 0.03, 0.5, 0.01, "σ row"),
+        "sigma_column": slider(sigma_column, "sigma_column", 0.03, 0.5, 0.01, "σ column"),
+        "correlation": slider(correlation, "correlation", -0.9, 0.9, 0.05, "correlation ρ"),
+        "family": dropdown([(v, k) for k, v in _FAMILY_LABELS.items()], family, "family"),
     }
     like = values.image
 
@@ -700,18 +616,15 @@ def draw_four_views(view: explore.FourViews, fig: Figure) -> None:
 
     Raises:
         TypeError: ``view`` not a ``FourViews``, ``fig`` not a Figure.
-        ValueError: a batched view.
+        ValueError: a batched view (its ``sdpa`` not of shape ``(m,)``).
     """
-    _check_view(view, explore.FourViews)
-    _check_figure(fig)
-    if view.sdpa.ndim != 1:
-        raise ValueError(f"view must hold one query's weights, shape (m,); got {tuple(view.sdpa.shape)}")
+    check_view(view, explore.FourViews, fig, "sdpa", 1, "one query's weights, shape (m,)")
     m = view.sdpa.shape[0]
     keys = np.arange(1, m + 1)
     ax = fig.subplots()
-    ax.bar(keys, _numpy(view.sdpa), color=PALETTE["blue"], alpha=0.3, label="SDPA")
+    ax.bar(keys, to_numpy(view.sdpa), color=PALETTE["blue"], alpha=0.3, label="SDPA")
     for shift, (label, field, marker, colour) in zip((-0.22, 0.0, 0.22), _VIEW_STYLE):
-        ax.plot(keys + shift, _numpy(getattr(view, field)), marker, color=colour, ms=6, label=label)
+        ax.plot(keys + shift, to_numpy(getattr(view, field)), marker, color=colour, ms=6, label=label)
     t = np.linspace(-0.1, 1.1, 300)
     mean, var = float(view.mean), float(view.variance)
     if var > 0:
@@ -743,26 +656,20 @@ def four_views_explorer(queries, keys, *, tau: float = 1.0, query: int = 0, regu
         TypeError, ValueError: as :func:`attnopt.explore.four_views`, for ``queries`` or ``keys``
             of the wrong shape, and for an initial value outside its control's range.
     """
-    Q = as_float_tensor(queries, "queries", min_ndim=2)
-    K = as_float_tensor(keys, "keys", min_ndim=2)
-    if Q.ndim != 2 or Q.shape[0] < 1:
-        raise ValueError(f"queries must have shape (n_q, d) with n_q >= 1; got {tuple(Q.shape)}")
-    if K.ndim != 2 or K.shape[0] < 2:
-        raise ValueError(f"keys must have shape (m, d) with m >= 2; got {tuple(K.shape)}")
+    Q = tensor_arg(queries, "queries", "(n_q, d) with n_q >= 1", min_rows=1)
+    K = tensor_arg(keys, "keys", "(m, d) with m >= 2", min_rows=2)
     m = K.shape[0]
     query = check_int(query, "query", minimum=0, maximum=Q.shape[0] - 1)
     regularizer = check_choice(regularizer, "regularizer", explore.TRANSPORT_REGULARIZERS)
     if absent is not None:
         absent = check_int(absent, "absent", minimum=0, maximum=m - 1)
-    w = _widgets()
     labels = {"entropy": "entropy (softmax)", "sparsemax": "squared norm (sparsemax)", "tsallis": "Tsallis 1.5 (entmax)"}
     controls = {
-        "tau": _log_slider(tau, "tau", 0.1, 10.0, "temperature τ"),
-        "query": w.IntSlider(value=query, min=0, max=Q.shape[0] - 1, description="query", **_style()),
-        "regularizer": w.Dropdown(options=[(v, k) for k, v in labels.items()], value=regularizer,
-                                  description="transport regularizer", style=_style()["style"]),
-        "absent": w.Dropdown(options=[("none", None)] + [(f"key {j + 1}", j) for j in range(m)], value=absent,
-                             description="key absent from u", style=_style()["style"]),
+        "tau": log_slider(tau, "tau", 0.1, 10.0, "temperature τ"),
+        "query": int_slider(query, Q.shape[0] - 1, "query"),
+        "regularizer": dropdown([(v, k) for k, v in labels.items()], regularizer, "transport regularizer"),
+        "absent": dropdown([("none", None)] + [(f"key {j + 1}", j) for j in range(m)], absent,
+                           "key absent from u"),
     }
 
     def compute(tau, query, regularizer, absent):
