@@ -56,6 +56,8 @@ book: html
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests/lib tests/conventions tests/assignments tests/lab
+	# the GPU parity tests skip without CUDA: run them CPU-against-CPU so that their code stays current
+	ATTNOPT_PARITY_DEVICE=cpu $(BIN)/python -m pytest -q tests/lib/test_device_parity.py
 	$(BIN)/python -m pytest --doctest-modules src/attnopt
 	$(MAKE) pdf student-book
 	$(BIN)/python -m pytest tests/book

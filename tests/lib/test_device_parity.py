@@ -257,28 +257,43 @@ def test_mixture_parity():
     on_both(lambda s, v: module.to(s.device)(s, v), rand(3, 64, seed=38), rand(3, 64, 2, seed=39), atol=1e-7)
 
 
+def test_vqa_encoder_on_device():
+    data = vqa_data.make_batch(4, torch.Generator().manual_seed(3), questions_per_scene=1)
+    torch.manual_seed(0)
+    encoder = vqa.GridEncoder(channels=4).double().eval()
+    images = data.images.to(F64)
+    on_both(lambda x: encoder.to(x.device)(x), images, atol=1e-9)
+
+
 @pytest.mark.parametrize("head", ["discrete", "continuous_softmax", "continuous_sparsemax", "mixture"])
 def test_vqa_model_on_device(head):
-    data = vqa_data.make_batch(48, torch.Generator().manual_seed(3), canvas=28)
+    data = vqa_data.make_batch(4, torch.Generator().manual_seed(3), questions_per_scene=2)
     torch.manual_seed(0)
-    model = vqa.VQAModel(head, channels=4, feature_dim=8, hidden=16).double()
-    batch = data.index(slice(0, 8))
-    to64 = lambda b, device: type(b)(**{k: (v.to(device, F64) if v.is_floating_point() else v.to(device)) for k, v in vars(b).items()})  # noqa: E731
-    model_dev = vqa.VQAModel(head, channels=4, feature_dim=8, hidden=16).double()
+    features = torch.rand(data.n_scenes, 196, len(vqa.FEATURES), dtype=F64)[data.scene]
+    model = vqa.VQAModel(head, hidden=16).double().eval()
+    model_dev = vqa.VQAModel(head, hidden=16).double().eval()
     model_dev.load_state_dict(model.state_dict())
     model_dev.to(DEVICE)
-    out_cpu, out_dev = model.forward_batch(to64(batch, "cpu")), model_dev.forward_batch(to64(batch, DEVICE))
+    out_cpu = model(features, data.questions)
+    out_dev = model_dev(features.to(DEVICE), data.questions.to(DEVICE))
     torch.testing.assert_close(out_dev.logits.cpu(), out_cpu.logits, atol=1e-7, rtol=1e-6)
     torch.testing.assert_close(vqa.attention_map(out_dev, 28).cpu(), vqa.attention_map(out_cpu, 28), atol=1e-7, rtol=1e-6)
-    loss = torch.nn.functional.cross_entropy(out_dev.logits, batch.answers.to(DEVICE))
+    loss = torch.nn.functional.cross_entropy(out_dev.logits, data.answers.to(DEVICE))
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model_dev.parameters() if p.grad is not None)
 
 
 def test_vqa_training_on_device():
-    data = vqa_data.SyntheticVQA(64, seed=4, canvas=28, device=DEVICE)
-    model = vqa.VQAModel("continuous_sparsemax", channels=4, feature_dim=8, hidden=16)
-    hist = vqa.train(model, data, epochs=1, batch_size=32, seed=0, device=DEVICE, progress=False)
-    assert len(hist["loss"]) == 1 and all(torch.isfinite(torch.tensor(hist["step_loss"])))
-    res = vqa.evaluate(model, data)
+    data = vqa_data.SyntheticVQA(16, seed=4, questions_per_scene=4, device=DEVICE)
+    torch.manual_seed(0)
+    encoder = vqa.GridEncoder(channels=4).to(DEVICE)
+    vqa.pretrain_encoder(encoder, data, epochs=1, batch_size=8, seed=0)
+    features = vqa.encode(encoder, data)
+    assert features.device.type == torch.device(DEVICE).type
+    model = vqa.VQAModel("continuous_sparsemax", hidden=16).to(DEVICE)
+    hist = vqa.train(model, data, features, epochs=1, batch_size=32, seed=0)
+    assert len(hist["loss"]) == 1 and all(torch.isfinite(torch.tensor(hist["loss"])))
+    res = vqa.evaluate(model, data, features)
     assert 0 <= res["overall"] <= 1 and 0 <= res["attention_precision"] <= 1
+    sweep = vqa.selection_sweep(model, data, features, [0.0, 1.0], max_components=2, n_init=1, n_iter=3)
+    assert all(abs(sum(r["k_star_shares"]) - 1) < 1e-6 for r in sweep.values())
