@@ -92,19 +92,20 @@ def pretrain_epochs(encoder, data, epochs, batch_size, lr, object_weight, seed, 
 
 
 def train_epochs(model, data, features, epochs, batch_size, lr, weight_decay, seed, progress,
-                 auxiliary_loss: Callable | None) -> dict[str, list]:
+                 auxiliary_loss: Callable | None, on_epoch: Callable | None = None) -> dict[str, list]:
     """The loop of :func:`~attnopt.vqa.train` on checked arguments; ``auxiliary_loss(output, idx)``
-    (or ``None``) is added to the cross-entropy of the questions ``idx``."""
+    (or ``None``) is added to the cross-entropy of the questions ``idx``; ``on_epoch(epoch, model)``
+    (or ``None``) runs after each epoch, in eval mode and without gradient."""
     dev = model.device_marker.device
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     n = len(data)
     steps = math.ceil(n / batch_size)
     opt = OneCycle(torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay), lr, epochs, steps)
-    history: dict[str, list] = {"loss": [], "accuracy": [], "epoch_time": []}
+    history: dict[str, list] = {"loss": [], "accuracy": [], "epoch_time": [], "on_epoch": []}
     bar = Progress(epochs * steps, model.head_name, progress)
     model.train()
-    for _ in range(epochs):
+    for epoch in range(1, epochs + 1):
         t0 = time.perf_counter()
         perm = torch.randperm(n, generator=g).to(data.answers.device)
         total_loss, correct = torch.zeros((), device=dev), torch.zeros((), device=dev)
@@ -122,9 +123,19 @@ def train_epochs(model, data, features, epochs, batch_size, lr, weight_decay, se
         history["loss"].append(float(total_loss) / n)
         history["accuracy"].append(float(correct) / n)
         history["epoch_time"].append(time.perf_counter() - t0)
+        history["on_epoch"].append(None if on_epoch is None else _observe(model, epoch, on_epoch))
     bar.close()
     model.eval()
     return history
+
+
+def _observe(model, epoch, on_epoch):
+    """``on_epoch(epoch, model)`` in eval mode and without gradient; training mode restored."""
+    model.eval()
+    with torch.no_grad():
+        result = on_epoch(epoch, model)
+    model.train()
+    return result
 
 
 def summary(correct, types, families, precision) -> dict[str, float]:

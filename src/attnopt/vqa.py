@@ -32,7 +32,7 @@ References:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -583,6 +583,7 @@ def train(
     seed: int = 0,
     progress: bool = False,
     attention_supervision: float = 0.0,
+    on_epoch: Callable[[int, VQAModel], Any] | None = None,
 ) -> dict[str, list]:
     r"""Train ``model`` on the answers (cross-entropy), with Adam(W) and a one-cycle learning rate.
 
@@ -598,14 +599,19 @@ def train(
             (:func:`attention_map` at the grid's resolution: the softmax for discrete attention,
             the density at the cell centres for the others) with the ground-truth grid mask
             :math:`M`.  Not part of the training in Farinhas (2021) (0 by default).
+        on_epoch: called as ``on_epoch(epoch, model)`` after each epoch (``epoch`` from 1), with
+            the model in eval mode and no gradient (e.g. to :func:`evaluate` it on held-out data
+            and follow the learning curve); what it returns is kept.
 
     Returns:
-        ``{"loss", "accuracy", "epoch_time"}``: per epoch, the mean training loss, the training
-        accuracy and the seconds.
+        ``{"loss", "accuracy", "epoch_time", "on_epoch"}``: per epoch, the mean training loss,
+        the training accuracy, the seconds (not counting ``on_epoch``) and what ``on_epoch``
+        returned (``None`` without it).
 
     Raises:
         TypeError: ``model`` not a :class:`VQAModel`, data of another type, non-integer
-            ``epochs``/``batch_size``/``seed``, ``progress`` not a bool.
+            ``epochs``/``batch_size``/``seed``, ``progress`` not a bool, ``on_epoch`` not
+            callable.
         ValueError: empty data, ``features`` of another shape or device, ``epochs`` or
             ``batch_size`` below 1, ``lr <= 0``, negative ``weight_decay`` or
             ``attention_supervision``, a ``seed`` outside ``[-2**63, 2**64 - 1]``.
@@ -629,13 +635,15 @@ def train(
     weight_decay = check_number(weight_decay, "weight_decay", low=0.0)
     beta = check_number(attention_supervision, "attention_supervision", low=0.0)
     check_same_device(features, "features", model.device_marker, "the model")
+    if on_epoch is not None and not callable(on_epoch):
+        raise TypeError(f"on_epoch must be callable or None; got {type(on_epoch).__name__}")
 
     def supervision(out, idx):  # -beta log(the head's attention on the ground-truth cells)
         on_mask = (attention_map(out) * data.index(idx).grid_masks.to(out.logits.device)).sum((-2, -1))
         return -beta * torch.log(on_mask.clamp_min(1e-12)).mean()
 
     return training.train_epochs(model, data, features, epochs, batch_size, lr, weight_decay, seed, progress,
-                                 supervision if beta > 0 else None)
+                                 supervision if beta > 0 else None, on_epoch)
 
 
 @torch.no_grad()

@@ -320,6 +320,8 @@ def test_vqa_encoder_train_evaluate_sweep_and_maps_bad_input(tiny_model, tiny_ba
         vqa.train(tiny_model, b, f, attention_supervision=-1.0)
     with pytest.raises(TypeError, match="progress"):
         vqa.train(tiny_model, b, f, progress="no")
+    with pytest.raises(TypeError, match="on_epoch"):
+        vqa.train(tiny_model, b, f, on_epoch="evaluate")
     with pytest.raises(ValueError, match="data"):
         vqa.train(tiny_model, b.index(slice(0, 0)), f)
     with pytest.raises(ValueError, match="features"):

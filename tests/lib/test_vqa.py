@@ -312,6 +312,29 @@ def test_training_reduces_loss_and_evaluate_reports_every_type(data, features):
     assert res["overall"] == pytest.approx(weighted, abs=1e-6)
 
 
+def test_on_epoch_sees_each_epoch_in_eval_mode_and_leaves_training_unchanged(data, features):
+    seen = []
+
+    def watch(epoch, model):
+        seen.append((epoch, model.training, torch.is_grad_enabled()))
+        return vqa.evaluate(model, data, features)["overall"]
+
+    runs = []
+    for callback in (None, watch):
+        torch.manual_seed(0)
+        model = vqa.VQAModel("discrete", hidden=16, embedding_dim=8)
+        runs.append((vqa.train(model, data, features, epochs=3, batch_size=64, seed=0, on_epoch=callback), model))
+    (plain, plain_model), (watched, watched_model) = runs
+    assert seen == [(1, False, False), (2, False, False), (3, False, False)]
+    assert plain["on_epoch"] == [None] * 3
+    # what the callback returned is kept, and the last one is the final model's accuracy
+    assert watched["on_epoch"][-1] == vqa.evaluate(watched_model, data, features)["overall"]
+    # observing (eval mode, no gradient) does not change the training: same losses, same weights
+    assert watched["loss"] == plain["loss"]
+    for a, b in zip(plain_model.state_dict().values(), watched_model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("head, gain", [("discrete", 0.1), ("continuous_softmax", 0.03)])
 def test_attention_supervision_pulls_the_head_onto_the_mask(head, gain, data, oracle_features):
     """The auxiliary loss acts on the head's own attention: its share on the relevant cells grows."""
