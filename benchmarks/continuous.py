@@ -57,7 +57,8 @@ from torch.utils import benchmark
 
 import attnopt
 from attnopt import continuous as C
-from attnopt.continuous import GaussianRBF, continuous_sparsemax, grid_locations, moment_match
+from attnopt.continuous import continuous_sparsemax, moment_match
+from attnopt.value_functions import GaussianRBF, grid_locations
 
 # The independent references of the test suite (dblquad over the ellipse; the slice reference,
 # itself checked against dblquad there), so that the benchmark and the tests measure against the same thing.

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch.utils.benchmark import Timer
 
-from attnopt.continuous import grid_locations
 from attnopt.mixture import region_labels, weighted_em
+from attnopt.value_functions import grid_locations
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # small batched linear algebra; threads only add contention on a shared CPU

@@ -1,11 +1,10 @@
 """Argument checks of :mod:`attnopt.continuous` (all through :mod:`attnopt._validation`).
 
-The basis is checked to be a :class:`~attnopt.continuous.GaussianRBF` by the API module before
-these run (this module does not import it)."""
+The basis is checked to be a :class:`~attnopt.value_functions.GaussianRBF` by the API module
+before these run (this module does not import it); the checks of the grids and of the locations
+of a ridge regression are in :mod:`attnopt._value_functions_checks`."""
 
 from __future__ import annotations
-
-import torch
 
 from ._numerics import compute_dtype, symmetric_part
 from ._validation import (
@@ -19,38 +18,6 @@ from ._validation import (
     check_same_dtype,
     check_spd,
 )
-
-
-def number_list(value, name: str, kind) -> list:
-    """A number or a sequence of numbers as a list (``TypeError`` naming ``name`` otherwise)."""
-    if isinstance(value, torch.Tensor):
-        value = value.tolist() if value.ndim else [value.item()]
-    if isinstance(value, kind) and not isinstance(value, bool):
-        return [value]
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{name} must be a number or a sequence of numbers; got {type(value).__name__}")
-    return list(value)
-
-
-def bounds_args(low, high) -> tuple[float, float]:
-    """``(low, high)`` as floats with ``low < high``."""
-    low, high = check_number(low, "low"), check_number(high, "high")
-    if not high > low:
-        raise ValueError(f"high must be > low; got low={low}, high={high}")
-    return low, high
-
-
-def locations_arg(locations, basis, name="locations") -> torch.Tensor:
-    """``(L, D)`` finite float locations, ``L >= 1``, in the dimension of ``basis``."""
-    locations = as_float_tensor(locations, name, min_ndim=2)
-    if locations.ndim != 2:
-        raise ValueError(f"{name} must have shape (L, D); got {tuple(locations.shape)}")
-    check_finite(locations, name)
-    if locations.shape[-1] != basis.dim:
-        raise ValueError(f"{name} has points of dimension {locations.shape[-1]} but the basis has D={basis.dim}")
-    if locations.shape[0] < 1:
-        raise ValueError(f"{name} must hold at least one point")
-    return locations
 
 
 def quadrature_args(n_quadrature, tol, max_quadrature):

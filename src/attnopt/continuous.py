@@ -1,10 +1,11 @@
-r"""Continuous attention over :math:`\mathbb{R}^D` with Gaussian radial basis functions.
+r"""Continuous attention over :math:`\mathbb{R}^D`: Gaussian and truncated-paraboloid densities.
 
 Discrete attention averages :math:`L` value vectors with weights :math:`p\in\Delta^L`.  Continuous
 attention (chapters 3--4 of Farinhas, 2021) replaces the simplex by densities on
 :math:`S=\mathbb{R}^D` and the weighted average by an expectation.  With a value function
-:math:`V_B(t) = B\psi(t)` written in a basis :math:`\psi:\mathbb{R}^D\to\mathbb{R}^N` and a density
-:math:`p` that maximizes :math:`\mathbb{E}_p[f(t)] - \Omega_\alpha(p)` for a quadratic score
+:math:`V_B(t) = B\psi(t)` written in a basis :math:`\psi:\mathbb{R}^D\to\mathbb{R}^N` (the Gaussian
+RBFs of :mod:`attnopt.value_functions`) and a density :math:`p` that maximizes
+:math:`\mathbb{E}_p[f(t)] - \Omega_\alpha(p)` for a quadratic score
 
 .. math::
 
@@ -20,16 +21,19 @@ support is an ellipsoid.
 
 This module provides
 
-* :class:`GaussianRBF` -- the basis :math:`\psi_j(t)=\mathcal N(t;\mu_j,\Sigma_j)`;
-* :func:`ridge_value_function` -- the coefficients :math:`B` fitted by ridge regression (Alg. 1);
+* :func:`truncated_paraboloid_threshold` and :func:`continuous_density` -- the threshold
+  :math:`\lambda` of eq. (3.15) and the two densities (eqs. (3.12) and (3.14));
 * :func:`moment_match` -- :math:`(\mu,\Sigma)` from discrete weights, including the inversion of
   Theorem 1 for the truncated paraboloid;
 * :func:`continuous_softmax` / :func:`continuous_sparsemax` -- :math:`r=\mathbb{E}_p[\psi(t)]` with
   analytic backward passes (the Jacobian w.r.t. :math:`\theta` is the generalized covariance
   :math:`\operatorname{cov}_{p,2-\alpha}(\phi(t),\psi(t))` of eq. (3.20), chained to
-  :math:`(\mu,\Sigma)`);
-* the attention layer built from them, :class:`~attnopt.continuous_attention.ContinuousAttention`,
-  is in :mod:`attnopt.continuous_attention`.
+  :math:`(\mu,\Sigma)`).
+
+The basis :math:`\psi` (:class:`~attnopt.value_functions.GaussianRBF`) and the value function
+fitted by ridge regression (Alg. 1) are in :mod:`attnopt.value_functions`; the attention layer
+built from them, :class:`~attnopt.continuous_attention.ContinuousAttention`, is in
+:mod:`attnopt.continuous_attention`.
 
 Conventions.  ``mu`` has shape ``(..., D)`` and ``Sigma`` ``(..., D, D)``.  ``Sigma`` is always the
 *scale* parameter of the density, i.e. the matrix in :math:`\theta_2=-\frac12\Sigma^{-1}`; for the
@@ -37,18 +41,20 @@ Gaussian it equals the covariance, for the truncated paraboloid the covariance i
 :math:`-\lambda\Sigma/(D/2+2)` (Theorem 1).  Gradients w.r.t. ``Sigma`` are symmetric: they are
 gradients of the function of the symmetric part of ``Sigma``.  The basis is a constant: no
 gradient flows to its centers or covariances.
+
+References:
+    Farinhas (2021), *Visual Attention with Sparse and Continuous Transformations*, chapters 3--4
+    and Appendix A.2: eqs. (3.12), (3.14)--(3.16), (3.20), (4.3), (4.6)--(4.12), Theorem 1, Lemma 1
+    and Algs. 2--4.  Martins et al. (2020), *Sparse and Continuous Attention Mechanisms*.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-from typing import Sequence
 
 import torch
-from torch import nn
 
-from ._continuous_checks import bounds_args, locations_arg, mean_scale_args, number_list, quadrature_args
+from ._continuous_checks import mean_scale_args, quadrature_args
 from ._continuous_softmax import softmax_flat
 from ._continuous_sparsemax import Rule, sparsemax_from_S, sparsemax_moments
 from ._numerics import compute_dtype, symmetric_part
@@ -57,30 +63,25 @@ from ._validation import (
     broadcast_shapes,
     check_choice,
     check_finite,
-    check_float_dtype,
-    check_int,
     check_nonnegative,
-    check_positive,
     check_same_device,
     check_same_dtype,
     check_shape_match,
     check_spd,
     require,
 )
+from .value_functions import GaussianRBF, _check_basis
+# The value function's names moved to attnopt.value_functions; importable here for older code.
+from .value_functions import grid_locations, padding_locations, ridge_operator, ridge_value_function  # noqa: F401
 
 __all__ = [
     "DEFAULT_MAX_QUADRATURE",
     "DEFAULT_N_QUADRATURE",
     "DEFAULT_TOL",
-    "GaussianRBF",
     "continuous_density",
     "continuous_softmax",
     "continuous_sparsemax",
-    "grid_locations",
     "moment_match",
-    "padding_locations",
-    "ridge_operator",
-    "ridge_value_function",
     "truncated_paraboloid_threshold",
 ]
 
@@ -142,408 +143,10 @@ def truncated_paraboloid_threshold(Sigma: torch.Tensor) -> torch.Tensor:
     return (-_minus_lambda(L)).to(Sigma.dtype)
 
 
-# --------------------------------------------------------------------------------------------
-# basis functions and locations
-# --------------------------------------------------------------------------------------------
-
-
-class GaussianRBF(nn.Module):
-    r"""Gaussian radial basis functions :math:`\psi_j(t) = \mathcal N(t;\mu_j,\Sigma_j)`, :math:`j\in[N]`.
-
-    Each basis function is a normalized Gaussian *density* (as in chapter 4 of
-    Farinhas (2021)), not an unnormalized bump: :math:`\int\psi_j = 1`.
-
-    Args:
-        centers: ``(N, D)`` centers :math:`\mu_j` (a ``(N,)`` tensor is read as ``D = 1``).
-        sigma: standard deviations: a number (shared, isotropic), ``(N,)`` (isotropic per basis
-            function) or ``(N, D)`` (axis-aligned per basis function); the covariance is
-            :math:`\Sigma_j=\operatorname{diag}(\sigma_j^2)`.  Farinhas's (2021) VQA basis,
-            :math:`\Sigma_j = 0.001\,I`, is ``sigma=0.001 ** 0.5``.
-        covariance: instead of ``sigma``, full covariances ``(D, D)`` (shared) or ``(N, D, D)``.
-
-    Raises:
-        ValueError: if both or neither of ``sigma``/``covariance`` are given, a standard deviation
-            is not positive, a covariance is not symmetric positive definite, a value is not finite,
-            ``centers`` is empty (``N = 0``), or shapes disagree.
-        TypeError: for non-numeric or integer-dtype tensors.
-
-    Example:
-        >>> basis = GaussianRBF.grid(10, 0.001 ** 0.5, dim=2)
-        >>> basis.n_basis, basis.dim
-        (100, 2)
-        >>> basis(torch.rand(5, 2)).shape
-        torch.Size([5, 100])
-    """
-
-    def __init__(self, centers, sigma=None, *, covariance=None):
-        super().__init__()
-        centers = as_float_tensor(centers, "centers", min_ndim=1)
-        if centers.ndim == 1:
-            centers = centers.unsqueeze(-1)
-        if centers.ndim != 2 or centers.shape[0] < 1 or centers.shape[1] < 1:
-            raise ValueError(f"centers must have shape (N, D) with N, D >= 1; got {tuple(centers.shape)}")
-        check_finite(centers, "centers")
-        n, d = centers.shape
-        if (sigma is None) == (covariance is None):
-            raise ValueError("give exactly one of sigma (standard deviations) and covariance")
-        if sigma is not None:
-            sigma = as_float_tensor(sigma, "sigma", like=centers).to(device=centers.device, dtype=centers.dtype)
-            check_finite(sigma, "sigma")
-            if sigma.numel():
-                require((sigma > 0).all(), "sigma (standard deviations) must be > 0")
-            if sigma.ndim == 0:
-                sigma = sigma.expand(n, d)
-            elif sigma.ndim == 1:
-                if sigma.shape[0] != n:
-                    raise ValueError(f"sigma of shape (N,) must have N={n} entries; got {sigma.shape[0]}")
-                sigma = sigma.unsqueeze(-1).expand(n, d)
-            elif sigma.shape != (n, d):
-                raise ValueError(f"sigma must be a number, (N,) or (N, D)=({n}, {d}); got {tuple(sigma.shape)}")
-            cov = torch.diag_embed(sigma**2)
-        else:
-            cov = as_float_tensor(covariance, "covariance", min_ndim=2, like=centers)
-            cov = cov.to(device=centers.device, dtype=centers.dtype)
-            if cov.ndim == 2:
-                cov = cov.expand(n, d, d)
-            if cov.shape != (n, d, d):
-                raise ValueError(f"covariance must have shape (D, D) or (N, D, D)=({n}, {d}, {d}); got {tuple(cov.shape)}")
-            check_spd(cov, "covariance")
-            cov = symmetric_part(cov)
-        self.register_buffer("centers", centers.clone())
-        self.register_buffer("covariance", cov.contiguous().clone())
-
-    @classmethod
-    def grid(
-        cls,
-        n_per_axis: int | Sequence[int],
-        sigmas: float | Sequence[float],
-        dim: int = 2,
-        *,
-        low: float = 0.0,
-        high: float = 1.0,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-    ) -> "GaussianRBF":
-        r"""Isotropic RBFs centred on regular grids of :math:`[\mathrm{low},\mathrm{high}]^D`.
-
-        One level per entry of ``sigmas``: level :math:`k` puts ``n_per_axis[k]**dim`` centers on
-        a ``linspace(low, high, n_per_axis[k])`` grid (``'ij'`` order), all with standard
-        deviation ``sigmas[k]``.  ``GaussianRBF.grid(10, 0.001 ** 0.5)`` is the :math:`N=100`
-        basis of Table 6.1 of Farinhas (2021).
-
-        Args:
-            n_per_axis: centers per axis, one int for every level or one per level.
-            sigmas: a standard deviation or a sequence of them (one level each).
-            dim: the dimension :math:`D` of the domain.
-            low, high: the grid's bounds on each axis.
-            dtype, device: of the buffers (defaults: torch's default dtype, CPU).
-
-        Returns:
-            A :class:`GaussianRBF` with ``N = sum_k n_per_axis[k] ** dim`` functions.
-
-        Raises:
-            ValueError: on non-positive sizes or standard deviations, mismatched lengths, or
-                ``high <= low``.
-            TypeError: for non-integer sizes, non-numeric standard deviations or bounds, or a
-                non-floating ``dtype``.
-        """
-        dim = check_int(dim, "dim")
-        sig = number_list(sigmas, "sigmas", numbers.Real)
-        if len(sig) == 0:
-            raise ValueError("sigmas must hold at least one standard deviation")
-        sig = [check_positive(s, "sigmas") for s in sig]
-        if isinstance(n_per_axis, numbers.Integral):
-            ns = [n_per_axis] * len(sig)
-        else:
-            ns = number_list(n_per_axis, "n_per_axis", numbers.Integral)
-        if len(ns) != len(sig):
-            raise ValueError(f"n_per_axis has {len(ns)} entries but sigmas has {len(sig)}")
-        ns = [check_int(n, "n_per_axis") for n in ns]
-        low, high = bounds_args(low, high)
-        dtype = check_float_dtype(dtype)
-        centers, stds = [], []
-        for n, s in zip(ns, sig):  # levels: a handful, not a hot path
-            c = grid_locations(n, dim, low=low, high=high, dtype=dtype, device=device)
-            centers.append(c)
-            stds.append(torch.full((c.shape[0],), s, dtype=dtype, device=device))
-        return cls(torch.cat(centers), torch.cat(stds))
-
-    @property
-    def n_basis(self) -> int:
-        """The number :math:`N` of basis functions."""
-        return self.centers.shape[0]
-
-    @property
-    def dim(self) -> int:
-        """The dimension :math:`D` of the domain."""
-        return self.centers.shape[1]
-
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        r"""Evaluate :math:`\psi(t)=[\mathcal N(t;\mu_j,\Sigma_j)]_{j=1}^N`.
-
-        Args:
-            t: ``(..., D)`` points.
-
-        Returns:
-            ``(..., N)`` values.
-
-        Raises:
-            ValueError: if ``t.shape[-1] != D``.
-        """
-        t = as_float_tensor(t, "t", min_ndim=1)
-        check_shape_match(t, "t", self.centers, "basis.centers", [(-1, -1)])
-        centers = self.centers.to(device=t.device, dtype=t.dtype)
-        L = torch.linalg.cholesky(self.covariance.to(device=t.device, dtype=t.dtype))  # (N, D, D)
-        diff = t.unsqueeze(-2) - centers  # (..., N, D)
-        z = torch.linalg.solve_triangular(L, diff.unsqueeze(-1), upper=False).squeeze(-1)
-        half_logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-        return torch.exp(-0.5 * (z * z).sum(-1) - half_logdet - 0.5 * self.dim * math.log(2 * math.pi))
-
-    def extra_repr(self) -> str:
-        return f"n_basis={self.n_basis}, dim={self.dim}"
-
-
-def _check_basis(basis) -> None:
-    if not isinstance(basis, GaussianRBF):
-        raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
-
-
 def _prepare(mu, Sigma, basis, name_fn, *, definite, names=("mu", "Sigma")):
     """Check ``basis`` and ``(mu, Sigma)`` and flatten the batch (see ``mean_scale_args``)."""
     _check_basis(basis)
     return mean_scale_args(mu, Sigma, basis, name_fn, definite=definite, names=names)
-
-
-def grid_locations(
-    n_per_axis: int,
-    dim: int = 2,
-    *,
-    low: float = 0.0,
-    high: float = 1.0,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-) -> torch.Tensor:
-    r"""The ``n_per_axis ** dim`` points of a regular grid of :math:`[\mathrm{low},\mathrm{high}]^D`.
-
-    The locations :math:`t_l` of §6.2.2 of Farinhas (2021) (a :math:`14\times14` feature map normalized to
-    the unit square) are ``grid_locations(14)``; the flattening order is ``'ij'`` (row-major), as
-    for ``features.flatten(-3, -2)`` of a ``(..., H, W, C)`` map.
-
-    Returns:
-        ``(n_per_axis ** dim, dim)`` tensor (a single point, ``low``, for ``n_per_axis=1``).
-
-    Raises:
-        ValueError: if ``n_per_axis`` or ``dim`` is below 1, or ``high <= low``.
-        TypeError: if they are not ints, the bounds are not real numbers, or ``dtype`` is not a
-            floating dtype.
-
-    Example:
-        >>> grid_locations(3, dim=1).flatten().tolist()
-        [0.0, 0.5, 1.0]
-    """
-    n_per_axis = check_int(n_per_axis, "n_per_axis")
-    dim = check_int(dim, "dim")
-    low, high = bounds_args(low, high)
-    axis = torch.linspace(low, high, n_per_axis, dtype=check_float_dtype(dtype), device=device)
-    mesh = torch.meshgrid(*([axis] * dim), indexing="ij")
-    return torch.stack([m.reshape(-1) for m in mesh], dim=-1)
-
-
-def padding_locations(
-    n_per_axis: int,
-    dim: int = 2,
-    *,
-    low: float = 0.0,
-    high: float = 1.0,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-) -> torch.Tensor:
-    r"""Extra grid points around :func:`grid_locations` for the padded ridge regression of §6.2.2.
-
-    The grid with the same step is extended to a cube of twice the side (half a side of margin on
-    every face, the unit square inside a square of side 2); the points outside the original cube are
-    returned.  Passing them as ``padding`` to :func:`ridge_value_function` fits the value function
-    to zero there, so that :math:`V_B` decays to zero beyond the image.
-
-    Returns:
-        ``(P, dim)`` tensor of padding locations.
-
-    Raises:
-        ValueError: if ``n_per_axis < 2`` (no grid step), ``dim < 1`` or ``high <= low``.
-        TypeError: if they are not ints, the bounds are not real numbers, or ``dtype`` is not a
-            floating dtype.
-
-    Example:
-        >>> padding_locations(3, dim=1).flatten().tolist()
-        [-0.5, 1.5]
-    """
-    n_per_axis = check_int(n_per_axis, "n_per_axis", minimum=2)
-    dim = check_int(dim, "dim")
-    low, high = bounds_args(low, high)
-    dtype = check_float_dtype(dtype)
-    step = (high - low) / (n_per_axis - 1)
-    m = int(round(0.5 * (high - low) / step))
-    k = torch.arange(-m, n_per_axis + m, device=device)
-    mesh = torch.meshgrid(*([k] * dim), indexing="ij")
-    idx = torch.stack([g.reshape(-1) for g in mesh], dim=-1)
-    outside = ((idx < 0) | (idx > n_per_axis - 1)).any(-1)
-    return low + idx[outside].to(dtype) * step
-
-
-# --------------------------------------------------------------------------------------------
-# value function: ridge regression (Alg. 1)
-# --------------------------------------------------------------------------------------------
-
-
-def _ridge_operator(locations, basis, penalty, padding=None):
-    """``G = F^T (F F^T + penalty I)^{-1}`` restricted to the rows of ``locations``: ``(L, N)`` (unchecked)."""
-    F = basis(locations)  # (L, N): row l is psi(t_l), i.e. F^T in the notation of eq. (3.17)
-    n_loc = F.shape[0]
-    if padding is not None:
-        F = torch.cat([F, basis(padding)], dim=0)
-    if penalty == 0 and F.shape[0] < F.shape[1]:
-        raise ValueError(
-            f"the ridge normal equations are singular: {F.shape[0]} locations for {F.shape[1]} basis "
-            "functions; use penalty > 0"
-        )
-    gram = F.transpose(-1, -2) @ F
-    gram = gram + penalty * torch.eye(gram.shape[-1], dtype=F.dtype, device=F.device)
-    G, info = torch.linalg.solve_ex(gram, F.transpose(-1, -2))
-    require((info == 0).all() & torch.isfinite(G).all(),
-            "the ridge normal equations are singular; use penalty > 0 (or more locations)")
-    G = G.transpose(-1, -2)  # gram is symmetric
-    return G[:n_loc]
-
-
-def ridge_operator(
-    locations: torch.Tensor,
-    basis: GaussianRBF,
-    penalty: float = 0.01,
-    *,
-    padding: torch.Tensor | None = None,
-) -> torch.Tensor:
-    r"""The matrix :math:`G=F^\top(FF^\top+\lambda I_N)^{-1}` that turns features into value coefficients.
-
-    Ridge regression of the features :math:`H\in\mathbb R^{d\times L}` on the basis values
-    :math:`F=[\psi(t_1),\dots,\psi(t_L)]\in\mathbb R^{N\times L}` (eq. (3.17) and Fig. 6.3 of
-    Farinhas, 2021) gives :math:`B^\star=HG`.  :math:`G` depends only on the locations, the basis and
-    the penalty, so a model computes it once ("offline", Fig. 6.3) and applies it to every batch of
-    features: ``B = torch.einsum("...ld,ln->...dn", features, G)``.  With ``padding`` (footnote 2
-    of §6.2.2) the regression also sees the padding locations, with target zero, and only the rows
-    of the real locations are returned.
-
-    Args:
-        locations: ``(L, D)`` locations :math:`t_l`.
-        basis: the :class:`GaussianRBF` :math:`\psi` (``N`` functions on :math:`\mathbb R^D`).
-        penalty: the ridge penalty :math:`\lambda\ge0` (0.01 in Farinhas, 2021, Table 6.1).
-        padding: optional ``(P, D)`` extra locations where :math:`V_B` is fitted to zero
-            (see :func:`padding_locations`).
-
-    Returns:
-        ``(L, N)`` tensor :math:`G`, in the dtype and on the device of ``locations``.
-
-    Raises:
-        TypeError: ``basis`` not a :class:`GaussianRBF`, ``locations`` or ``padding`` not floating
-            point, ``penalty`` not a real number.
-        ValueError: ``locations``/``padding`` not ``(L, D)`` with the basis's ``D``, empty or not
-            finite, ``penalty < 0``, or singular normal equations (``penalty = 0`` with fewer
-            locations than basis functions).
-
-    Example:
-        >>> basis, loc = GaussianRBF.grid(3, 0.3), grid_locations(5)
-        >>> G = ridge_operator(loc, basis)
-        >>> G.shape
-        torch.Size([25, 9])
-        >>> features = torch.randn(25, 4)
-        >>> B = features.T @ G  # the coefficients of ridge_value_function
-        >>> B_direct = ridge_value_function(features, loc, basis)
-        >>> bool(torch.allclose(B, B_direct, atol=1e-5))
-        True
-
-    References:
-        Farinhas (2021), eq. (3.17), Fig. 6.3 and footnote 2 of §6.2.2.
-    """
-    _check_basis(basis)
-    locations = locations_arg(locations, basis)
-    penalty = check_positive(penalty, "penalty", allow_zero=True)
-    if padding is not None:
-        padding = locations_arg(padding, basis, "padding").to(locations)
-    cdt = compute_dtype(locations.dtype)
-    G = _ridge_operator(locations.to(cdt), _BasisAs(basis, locations),
-                        penalty, None if padding is None else padding.to(cdt))
-    return G.to(locations.dtype)
-
-
-def ridge_value_function(
-    features: torch.Tensor,
-    locations: torch.Tensor,
-    basis: GaussianRBF,
-    penalty: float = 0.01,
-    *,
-    padding: torch.Tensor | None = None,
-) -> torch.Tensor:
-    r"""Coefficients :math:`B` of the value function :math:`V_B(t) = B\psi(t)` by ridge regression.
-
-    With the :math:`L` feature vectors as rows of :math:`H^\top\in\mathbb R^{L\times d}` and
-    :math:`F^\top = [\psi(t_1),\dots,\psi(t_L)]^\top\in\mathbb R^{L\times N}`, eq. (3.17) / Alg. 1 of
-    Farinhas (2021) is
-
-    .. math::
-
-        B^\star = \arg\min_B \|BF - H\|_F^2 + \lambda\|B\|_F^2
-                = H F^\top (FF^\top + \lambda I_N)^{-1} \in \mathbb R^{d\times N}.
-
-    With ``padding`` (footnote 2 of §6.2.2), the regression also sees the padding locations with
-    target zero: their basis values enter :math:`FF^\top` but, their features being zero, only the
-    rows of :math:`G=F^\top(FF^\top+\lambda I)^{-1}` of the real locations multiply :math:`H`.
-
-    Args:
-        features: ``(..., L, d)`` features :math:`h_l` (token-major, as ``value`` in attention).
-        locations: ``(L, D)`` locations :math:`t_l`.
-        basis: the :class:`GaussianRBF` :math:`\psi` (``N`` functions on :math:`\mathbb R^D`).
-        penalty: the ridge penalty :math:`\lambda\ge0` (Farinhas (2021) uses 0.01).
-        padding: optional ``(P, D)`` extra locations where :math:`V_B` is fitted to zero
-            (see :func:`padding_locations`).
-
-    Returns:
-        ``(..., d, N)`` tensor :math:`B`; the context for :math:`r=\mathbb E_p[\psi(t)]` is
-        ``B @ r.unsqueeze(-1)``.
-
-    Raises:
-        ValueError: if shapes disagree, ``features`` or ``locations`` is not finite, ``locations`` is
-            empty, ``penalty < 0`` or the normal equations are singular (``penalty = 0`` with fewer
-            locations than basis functions).
-        TypeError: if ``basis`` is not a :class:`GaussianRBF`, a tensor is not floating point, or
-            ``penalty`` is not a real number.
-
-    Example:
-        >>> basis, loc = GaussianRBF.grid(3, 0.3), grid_locations(5)
-        >>> ridge_value_function(torch.ones(25, 2), loc, basis).shape
-        torch.Size([2, 9])
-    """
-    _check_basis(basis)
-    features = as_float_tensor(features, "features", min_ndim=2)
-    check_finite(features, "features")
-    locations = locations_arg(locations, basis).to(device=features.device, dtype=features.dtype)
-    check_shape_match(features, "features", locations, "locations", [(-2, 0)])
-    penalty = check_positive(penalty, "penalty", allow_zero=True)
-    if padding is not None:
-        padding = locations_arg(padding, basis, "padding").to(device=features.device, dtype=features.dtype)
-    cdt = compute_dtype(features.dtype)
-    G = _ridge_operator(
-        locations.to(cdt), _BasisAs(basis, features), penalty, None if padding is None else padding.to(cdt)
-    )
-    return torch.einsum("...ld,ln->...dn", features, G.to(features.dtype))
-
-
-class _BasisAs:
-    """Evaluate ``basis`` in the compute dtype/device of ``like`` without moving the module."""
-
-    def __init__(self, basis: GaussianRBF, like: torch.Tensor):
-        self.basis, self.like = basis, like
-
-    def __call__(self, t):
-        return self.basis(t.to(device=self.like.device, dtype=compute_dtype(self.like.dtype)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -593,6 +196,7 @@ def moment_match(
             non-string family.
 
     Example:
+        >>> from attnopt.value_functions import grid_locations
         >>> loc = grid_locations(3, dtype=torch.float64)
         >>> mu, var = moment_match(torch.ones(9, dtype=torch.float64), loc)
         >>> [round(x, 4) for x in mu.tolist()], round(var[0, 0].item(), 4)
@@ -692,8 +296,6 @@ def continuous_density(t: torch.Tensor, mu: torch.Tensor, Sigma: torch.Tensor, f
 # --------------------------------------------------------------------------------------------
 
 
-
-
 def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF) -> torch.Tensor:
     r"""Continuous softmax attention :math:`r_j=\mathbb E_{\mathcal N(\mu,\Sigma)}[\psi_j(t)]`, any :math:`D`.
 
@@ -721,7 +323,7 @@ def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF
         mu: ``(..., D)`` means.
         Sigma: ``(..., D, D)`` covariances, symmetric positive semi-definite (up to a relative
             round-off of :math:`\sqrt{\epsilon}`); leading dims broadcast with ``mu``'s.
-        basis: :class:`GaussianRBF` with ``N`` functions on :math:`\mathbb R^D`.
+        basis: :class:`~attnopt.value_functions.GaussianRBF` with ``N`` functions on :math:`\mathbb R^D`.
 
     Returns:
         ``(..., N)`` tensor :math:`r` in the dtype of ``mu``; an empty batch gives an empty result.
@@ -729,8 +331,8 @@ def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF
     Raises:
         ValueError: if ``mu`` or ``Sigma`` is not finite, ``Sigma`` is not symmetric positive
             semi-definite, or shapes disagree.
-        TypeError: if ``basis`` is not a :class:`GaussianRBF`, a tensor is not floating point or
-            ``mu`` and ``Sigma`` differ in dtype.
+        TypeError: if ``basis`` is not a :class:`~attnopt.value_functions.GaussianRBF`, a tensor
+            is not floating point or ``mu`` and ``Sigma`` differ in dtype.
 
     Example:
         >>> basis = GaussianRBF.grid(3, 0.3, dim=2, dtype=torch.float64)
@@ -748,10 +350,6 @@ def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF
     return r.reshape(*batch, basis.n_basis).to(dtype)
 
 
-
-
-
-
 # --------------------------------------------------------------------------------------------
 # continuous sparsemax (alpha = 2), D in {1, 2}: Appendix A.2, Alg. 4 (engine: _continuous_quadrature)
 # --------------------------------------------------------------------------------------------
@@ -762,8 +360,6 @@ def _default_tol(dtype: torch.dtype) -> float:
     return DEFAULT_TOL if dtype == torch.float64 else 32.0 * torch.finfo(torch.float32).eps
 
 
-
-
 def _sparsemax_scale(Sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     r""":math:`S=-2\lambda\Sigma` (eq. (3.15)) for SPD ``(B, D, D)`` scales, differentiable, without reading
     values, and its factor :math:`M=\sqrt{-2\lambda}\operatorname{chol}\Sigma` (detached: a factor of the
@@ -772,8 +368,6 @@ def _sparsemax_scale(Sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     minus_lam = _minus_lambda(L)
     S = (2.0 * minus_lam)[:, None, None] * Sigma
     return S, ((2.0 * minus_lam).sqrt()[:, None, None] * L).detach()
-
-
 
 
 def _sparsemax_diagnostics(mu, Sigma, basis, *, tol=None, max_quadrature=DEFAULT_MAX_QUADRATURE) -> dict:
@@ -882,7 +476,7 @@ def continuous_sparsemax(
             :math:`\lambda=-\infty` and is refused; for a density with a singular covariance (a segment
             or a point) use :class:`~attnopt.continuous_attention.ContinuousAttention`, which works
             from the covariance.
-        basis: :class:`GaussianRBF` on :math:`\mathbb R^D`, :math:`D\in\{1,2\}`.
+        basis: :class:`~attnopt.value_functions.GaussianRBF` on :math:`\mathbb R^D`, :math:`D\in\{1,2\}`.
         n_quadrature: ``None`` for the adaptive rule, or a fixed number of angular nodes (``D=2``;
             ignored for ``D=1``).
         tol: relative tolerance of the adaptive rule; default :data:`DEFAULT_TOL` (``1e-10``) in
@@ -898,9 +492,9 @@ def continuous_sparsemax(
             ``mu`` is not finite, ``D`` is not 1 or 2, dimensions disagree, ``n_quadrature < 1``,
             ``tol`` is not in :math:`(0,1)` or is given with a fixed ``n_quadrature``, or
             ``max_quadrature < 8``.
-        TypeError: if ``basis`` is not a :class:`GaussianRBF`, a tensor is not floating point, ``mu``
-            and ``Sigma`` differ in dtype, ``n_quadrature``/``max_quadrature`` are not ints, or ``tol``
-            is not a real number.
+        TypeError: if ``basis`` is not a :class:`~attnopt.value_functions.GaussianRBF`, a tensor
+            is not floating point, ``mu`` and ``Sigma`` differ in dtype,
+            ``n_quadrature``/``max_quadrature`` are not ints, or ``tol`` is not a real number.
 
     Example:
         >>> basis = GaussianRBF.grid(3, 0.3, dim=2, dtype=torch.float64)

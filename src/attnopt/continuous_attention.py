@@ -1,10 +1,11 @@
 r"""The attention layer over a continuous domain: densities, expectations of basis functions, contexts.
 
-:mod:`attnopt.continuous` provides the pieces of continuous attention (chapters 3--4 of Farinhas,
-2021): the Gaussian basis :math:`\psi` (:class:`~attnopt.continuous.GaussianRBF`), the value function
-:math:`V_B(t)=B\psi(t)` fitted by ridge regression (eq. (3.17)), moment matching (Alg. 2) and the
-expectations :math:`r=\mathbb E_p[\psi(t)]` under continuous softmax and sparsemax (eqs. (3.12),
-(3.14) and (4.10)).  This module assembles them into the attention layer of §3.3 and §6.2.2 of
+The pieces of continuous attention (chapters 3--4 of Farinhas, 2021) are in two modules:
+:mod:`attnopt.value_functions` has the Gaussian basis :math:`\psi`
+(:class:`~attnopt.value_functions.GaussianRBF`) and the value function :math:`V_B(t)=B\psi(t)`
+fitted by ridge regression (eq. (3.17)); :mod:`attnopt.continuous` has moment matching (Alg. 2)
+and the expectations :math:`r=\mathbb E_p[\psi(t)]` under continuous softmax and sparsemax
+(eqs. (3.12), (3.14) and (4.10)).  This module assembles them into the attention layer of §3.3 and §6.2.2 of
 Farinhas (2021): discrete scores over locations :math:`t_l` become a density :math:`p` on
 :math:`\mathbb R^D`, and the context is
 
@@ -40,7 +41,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ._continuous_checks import locations_arg, quadrature_args
+from ._continuous_checks import quadrature_args
 from ._continuous_softmax import softmax_flat
 from ._continuous_sparsemax import sparsemax_from_S
 from ._numerics import compute_dtype
@@ -57,20 +58,18 @@ from ._validation import (
     check_shape_match,
     require,
 )
+from ._value_functions_checks import locations_arg
 from .continuous import (
     _FAMILIES,
     DEFAULT_MAX_QUADRATURE,
     DEFAULT_N_QUADRATURE,
-    GaussianRBF,
-    _check_basis,
     _default_tol,
     _match_moments,
     _paraboloid_scale,
     _prepare,
-    _ridge_operator,
     continuous_density,
-    padding_locations,
 )
+from .value_functions import GaussianRBF, _check_basis, _ridge_operator, padding_locations
 
 __all__ = [
     "ContinuousAttention",
@@ -169,7 +168,7 @@ class ContinuousDensity(NamedTuple):
         a density on a segment or a point mass, is the limit of the formula rather than an error).
 
         Args:
-            basis: the :class:`~attnopt.continuous.GaussianRBF` :math:`\psi` on :math:`\mathbb R^D`.
+            basis: the :class:`~attnopt.value_functions.GaussianRBF` :math:`\psi` on :math:`\mathbb R^D`.
             n_quadrature, tol, max_quadrature: the angular rule of 2D sparsemax, as in
                 :func:`~attnopt.continuous.continuous_sparsemax` (ignored for Gaussians).
 
@@ -177,7 +176,8 @@ class ContinuousDensity(NamedTuple):
             ``(..., N)`` in the dtype of ``means``.
 
         Raises:
-            TypeError: ``basis`` not a :class:`~attnopt.continuous.GaussianRBF`, non-float or mixed-dtype fields.
+            TypeError: ``basis`` not a :class:`~attnopt.value_functions.GaussianRBF`, non-float
+                or mixed-dtype fields.
             ValueError: shapes that disagree with each other or with the basis, negative or
                 non-finite mixing weights, covariances that are not symmetric positive
                 semi-definite or not finite, an unknown ``family``, sparsemax with :math:`D>2`.
@@ -277,17 +277,19 @@ class ContinuousAttention(nn.Module):
     2. :math:`r=\mathbb E_p[\psi(t)]` under the Gaussian (:func:`~attnopt.continuous.continuous_softmax`,
        :math:`\Sigma=V`) or the truncated paraboloid (:func:`~attnopt.continuous.continuous_sparsemax`) with mean
        :math:`\mu` and covariance :math:`V` (:meth:`ContinuousDensity.expected_basis`);
-    3. :math:`B=HG` by ridge regression (:func:`~attnopt.continuous.ridge_operator`; :math:`G` depends only on the
-       locations and the basis, so it is computed once here, as Fig. 6.3 suggests);
+    3. :math:`B=HG` by ridge regression (:func:`~attnopt.value_functions.ridge_operator`;
+       :math:`G` depends only on the locations and the basis, so it is computed once here, as
+       Fig. 6.3 suggests);
     4. context :math:`c=Br` (eq. (3.16)).
 
     Args:
-        basis: the :class:`~attnopt.continuous.GaussianRBF` :math:`\psi` (e.g. ``GaussianRBF.grid(10, 0.001 ** 0.5)``).
+        basis: the :class:`~attnopt.value_functions.GaussianRBF` :math:`\psi`
+            (e.g. ``GaussianRBF.grid(10, 0.001 ** 0.5)``).
         locations: ``(L, D)`` locations of the scores/features (e.g. ``grid_locations(14)``).
         family: ``"gaussian"`` (continuous softmax) or ``"truncated_paraboloid"`` (sparsemax).
-        penalty: ridge penalty :math:`\lambda` (0.01 in Table 6.1 of Farinhas, 2021).
-        padding: optional ``(P, D)`` padding locations (:func:`~attnopt.continuous.padding_locations`), or ``True``
-            to build them for a square grid of side ``round(L ** (1/D))`` on the unit cube.
+        penalty: ridge penalty :math:`\eta` (0.01 in Table 6.1 of Farinhas, 2021).
+        padding: optional ``(P, D)`` padding locations
+            (:func:`~attnopt.value_functions.padding_locations`), or ``True`` to build them for a square grid of side ``round(L ** (1/D))`` on the unit cube.
         uniform_mix: :math:`\epsilon\in[0,1]`, the weight of the uniform distribution (over the
             locations of finite score) mixed into the softmax before moment matching; it bounds
             the covariance away from 0 (a regularizer; not needed for finiteness, see below).
@@ -309,7 +311,7 @@ class ContinuousAttention(nn.Module):
         gives an empty context.
 
     Example:
-        >>> from attnopt.continuous import grid_locations
+        >>> from attnopt.value_functions import grid_locations
         >>> basis, locations = GaussianRBF.grid(3, 0.3), grid_locations(4)
         >>> family = "truncated_paraboloid"
         >>> att = ContinuousAttention(basis, locations, family=family)

@@ -43,11 +43,12 @@ from ._validation import (
     check_shape_match,
     check_spd,
 )
-from .continuous import GaussianRBF, continuous_density, continuous_softmax, continuous_sparsemax
-from .continuous import _paraboloid_scale, moment_match, ridge_value_function
+from .continuous import _paraboloid_scale, continuous_density, continuous_softmax
+from .continuous import continuous_sparsemax, moment_match
 from .fenchel import generalized_attention, solve_dual
 from .kernels import attention_kernel, self_attention_flow
 from .transforms import alibi_log_prior, entmax, one_sided_eot, softmax, sparsemax
+from .value_functions import GaussianRBF, ridge_value_function
 
 __all__ = [
     "DensityView",
@@ -429,7 +430,7 @@ def image_value_function(image, n_per_axis: int = 14, *, penalty: float = 1e-3) 
     The pixels' values (e.g. their colours) are the features at the pixel centres :math:`t_l` of the
     unit square; :math:`B` is fitted by ridge regression, eq. (3.17) of Farinhas (2021), on
     ``n_per_axis ** 2`` isotropic Gaussian RBFs on a regular grid of :math:`[0,1]^2`, each with
-    standard deviation half the grid's spacing (by :func:`~attnopt.continuous.ridge_value_function`).
+    standard deviation half the grid's spacing (by :func:`~attnopt.value_functions.ridge_value_function`).
 
     Args:
         image: ``(C, H, W)`` with finite values.

@@ -50,8 +50,8 @@ from ._validation import (
     check_shape_match,
     check_spd,
 )
-from .continuous import GaussianRBF, ridge_operator
 from .continuous_attention import ContinuousDensity, discrete_weights, expected_basis
+from .value_functions import GaussianRBF, ridge_operator
 
 __all__ = [
     "MultimodalContinuousAttention",
@@ -521,7 +521,7 @@ class MultimodalContinuousAttention(nn.Module):
        :class:`~attnopt.continuous_attention.ContinuousDensity` (the type the unimodal
        :class:`~attnopt.continuous_attention.ContinuousAttention` returns), and step 3 its
        :meth:`~attnopt.continuous_attention.ContinuousDensity.expected_basis`;
-    4. :math:`B=HG` by ridge regression (:func:`~attnopt.continuous.ridge_operator`: one
+    4. :math:`B=HG` by ridge regression (:func:`~attnopt.value_functions.ridge_operator`: one
        :math:`B` shared by all components; :math:`G` is computed once, at construction) and the
        context :math:`c=Br=\sum_k\pi_kBr_k` (eq. (5.5)).
 
@@ -531,7 +531,7 @@ class MultimodalContinuousAttention(nn.Module):
     gradient, only the values do) — cheaper, for inference.
 
     Args:
-        basis: the :class:`~attnopt.continuous.GaussianRBF` :math:`\psi`.
+        basis: the :class:`~attnopt.value_functions.GaussianRBF` :math:`\psi`.
         locations: ``(L, D)`` locations of the scores/features.
         n_components: ``K >= 1`` or ``"auto"``.
         max_components, selection_penalty, n_init: for ``"auto"`` (see :func:`select_components`).
@@ -546,7 +546,7 @@ class MultimodalContinuousAttention(nn.Module):
         differentiate_em: see above.
 
     Raises:
-        TypeError: ``basis`` not a :class:`~attnopt.continuous.GaussianRBF`, non-integer counts,
+        TypeError: ``basis`` not a :class:`~attnopt.value_functions.GaussianRBF`, non-integer counts,
             ``differentiate_em`` not a bool, non-float ``locations``/``padding``.
         ValueError: ``n_components`` neither ``"auto"`` nor an int ``>= 1``, more components
             than locations, an unknown ``init``, negative ``cov_floor``/``penalty``/
@@ -554,7 +554,7 @@ class MultimodalContinuousAttention(nn.Module):
             ``padding`` not ``(L, D)`` or not finite.
 
     Example:
-        >>> from attnopt.continuous import GaussianRBF, grid_locations
+        >>> from attnopt.value_functions import GaussianRBF, grid_locations
         >>> basis, locations = GaussianRBF.grid(4, 0.1), grid_locations(8)
         >>> mca = MultimodalContinuousAttention(basis, locations, 2)
         >>> scores = torch.full((64,), -8.0)

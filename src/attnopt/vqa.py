@@ -19,7 +19,7 @@ lacks, ground-truth masks:
   :func:`selection_sweep` (the penalty of criterion (5.20) swept on the model's own weights).
 
 Coordinates.  Grid cell :math:`(i,j)` (row :math:`i`, column :math:`j`) sits at location
-:math:`t=(i,j)/(G-1)\in[0,1]^2` (``continuous.grid_locations(G)``, row-major), so the first
+:math:`t=(i,j)/(G-1)\in[0,1]^2` (``value_functions.grid_locations(G)``, row-major), so the first
 coordinate of a density's :math:`\mu` is the *row* (downwards) and the second the *column*.  A
 canvas pixel at unit-square position :math:`u\in[0,1]^2` (row, column) is at
 :math:`t=(uG-\tfrac12)/(G-1)`.  Scene objects store their centres as ``(x, y)`` = (column, row)
@@ -49,9 +49,9 @@ from ._validation import (
     check_number,
     check_same_device,
 )
-from .continuous import GaussianRBF, grid_locations, padding_locations
 from .continuous_attention import ContinuousAttention, ContinuousDensity
 from .mixture import MultimodalContinuousAttention
+from .value_functions import GaussianRBF, grid_locations, padding_locations
 from .vqa_data import ANSWERS, COLOURS, SHAPES, VOCAB, SyntheticVQA, VQABatch, _as_batch
 
 __all__ = [

@@ -130,7 +130,7 @@ def test_each_chapter_links_to_the_reference_pages_of_its_modules(html_dir):
         "ch1": ("fenchel", "pretrained"),
         "ch2": ("kernels", "regularity"),
         "ch3": ("transforms", "geometry"),
-        "ch4": ("continuous", "continuous_attention", "mixture", "vqa", "vqa_data"),
+        "ch4": ("value_functions", "continuous", "continuous_attention", "mixture", "vqa", "vqa_data"),
     }
     for chapter, modules in chapters.items():
         html = (html_dir / "book" / chapter / "index.html").read_text(encoding="utf-8")

@@ -16,6 +16,7 @@ from attnopt import geometry as G
 from attnopt import kernels as K
 from attnopt import mixture as M
 from attnopt import transforms as T
+from attnopt import value_functions as VF
 
 F64 = torch.float64
 
@@ -33,9 +34,9 @@ def _spd(seed, n, scale):
 def hot_paths(device="cpu") -> dict:
     """Name -> ``(fn, inputs)``: ``fn(*inputs)`` is one tensor; modules, bases and masks live on
     ``device``; the float64 ``inputs`` are on the CPU, for the caller to move."""
-    centres = C.grid_locations(4, 2, dtype=F64, device=device)
-    basis = C.GaussianRBF(centres, torch.full((16,), 0.05, dtype=F64, device=device))
-    locs = C.grid_locations(6, 2, dtype=F64, device=device)
+    centres = VF.grid_locations(4, 2, dtype=F64, device=device)
+    basis = VF.GaussianRBF(centres, torch.full((16,), 0.05, dtype=F64, device=device))
+    locs = VF.grid_locations(6, 2, dtype=F64, device=device)
     modules = {f: CA.ContinuousAttention(basis, locs, family=f).double() for f in ("gaussian", "truncated_paraboloid")}
     mca = M.MultimodalContinuousAttention(basis, locs, 2).double()
     mask = torch.ones(5, 7, dtype=torch.bool, device=device).tril(2)

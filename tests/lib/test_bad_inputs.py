@@ -2,11 +2,11 @@
 
 The cases themselves live one file per area, because each area needs its own fixtures:
 ``test_bad_inputs_transforms_attention.py``, ``test_bad_inputs_fenchel_kernels.py`` (with
-geometry), ``test_bad_inputs_continuous.py`` and ``test_bad_inputs_mixture_vqa_book.py`` (with
-pretrained and plotting).  Each asserts, written from the contract, the error type and that the
-message names the argument, or the documented result of an edge input, and the properties
-(finite in, finite out; batching equals looping; shift invariance; dtype preserved; finite
-gradients through masked rows).  This file checks that together they cover every public
+geometry), ``test_bad_inputs_continuous.py`` (with value_functions and continuous_attention) and
+``test_bad_inputs_mixture_vqa_book.py`` (with pretrained and plotting).  Each asserts, written
+from the contract, the error type and that the message names the argument, or the documented
+result of an edge input, and the properties (finite in, finite out; batching equals looping;
+shift invariance; dtype preserved; finite gradients through masked rows).  This file checks that together they cover every public
 function, and that every hot path of the library
 
 * makes no host read off the CPU (the CPU stand-in for "never synchronises a GPU"; the CUDA tests

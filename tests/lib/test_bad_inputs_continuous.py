@@ -1,4 +1,5 @@
-"""Bad and edge inputs of attnopt.continuous, written from the contract.
+"""Bad and edge inputs of attnopt.continuous, attnopt.value_functions and attnopt.continuous_attention,
+written from the contract.
 
 A bad argument raises TypeError (types, dtypes) or ValueError (values, shapes) whose message names the
 user's argument; an edge input gives its documented result (empty batch in, empty out; a singular
@@ -15,18 +16,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnopt.continuous import (
-    GaussianRBF,
     continuous_density,
     continuous_softmax,
     continuous_sparsemax,
-    grid_locations,
     moment_match,
-    padding_locations,
-    ridge_operator,
-    ridge_value_function,
     truncated_paraboloid_threshold,
 )
 from attnopt.continuous_attention import ContinuousAttention, ContinuousDensity
+from attnopt.value_functions import (
+    GaussianRBF,
+    grid_locations,
+    padding_locations,
+    ridge_operator,
+    ridge_value_function,
+)
 
 F64 = torch.float64
 NAN, INF = float("nan"), float("inf")
@@ -236,6 +239,8 @@ def test_one_location_and_a_single_point_basis():
     att = ContinuousAttention(one, LOC[:1], family="truncated_paraboloid")
     assert att(torch.zeros(1, dtype=F64), VALUES[:1]).shape == (3,)
     assert grid_locations(1).shape == (1, 2)
+    # two points per axis: half a side is half a step, which rounds to no margin (documented)
+    assert padding_locations(2, dtype=F64).shape == (0, 2)
 
 
 def test_masked_scores_are_allowed():

@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnopt import book, plotting, pretrained, vqa, vqa_data
-from attnopt.continuous import GaussianRBF, grid_locations
 from attnopt.mixture import (
     MultimodalContinuousAttention,
     region_labels,
@@ -24,6 +23,7 @@ from attnopt.mixture import (
     weighted_em,
     weighted_log_likelihood,
 )
+from attnopt.value_functions import GaussianRBF, grid_locations
 
 F64 = torch.float64
 pytestmark = pytest.mark.usefixtures("one_thread")

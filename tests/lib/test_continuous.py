@@ -1,4 +1,5 @@
-"""Tests for attnopt.continuous against SciPy quadrature, finite differences and closed forms."""
+"""Tests for attnopt.continuous (and the basis and ridge regression of attnopt.value_functions) against
+SciPy quadrature, finite differences and closed forms."""
 
 from __future__ import annotations
 
@@ -17,17 +18,14 @@ from attnopt import continuous as C
 from attnopt._continuous_sparsemax import sparsemax_from_S
 from attnopt.continuous import (
     DEFAULT_N_QUADRATURE,
-    GaussianRBF,
     continuous_density,
     continuous_softmax,
     continuous_sparsemax,
-    grid_locations,
     moment_match,
-    padding_locations,
-    ridge_value_function,
     truncated_paraboloid_threshold,
 )
 from attnopt.continuous_attention import ContinuousAttention
+from attnopt.value_functions import GaussianRBF, grid_locations, padding_locations, ridge_value_function
 
 F64 = torch.float64
 

@@ -24,6 +24,7 @@ from attnopt import kernels as K
 from attnopt import mixture as M
 from attnopt import regularity as R
 from attnopt import transforms as T
+from attnopt import value_functions as VF
 from attnopt import vqa, vqa_data
 from attnopt._transforms_sinkhorn import sinkhorn_plan
 from hot_paths import forward_backward, hot_paths
@@ -200,12 +201,12 @@ def test_geometry_parity():
 
 
 def basis_2d():
-    centres = C.grid_locations(4, 2, dtype=F64)
-    return C.GaussianRBF(centres, torch.full((16,), 0.05, dtype=F64))
+    centres = VF.grid_locations(4, 2, dtype=F64)
+    return VF.GaussianRBF(centres, torch.full((16,), 0.05, dtype=F64))
 
 
 def on_device(basis, device):
-    return C.GaussianRBF(basis.centers.to(device), covariance=basis.covariance.to(device))
+    return VF.GaussianRBF(basis.centers.to(device), covariance=basis.covariance.to(device))
 
 
 def spd(seed, n, scale):
@@ -218,18 +219,18 @@ def test_continuous_parity():
     mu, S = 0.2 + 0.6 * torch.rand(5, 2, dtype=F64, generator=torch.Generator().manual_seed(31)), spd(32, 5, 0.2)
     on_both(lambda m, s: C.continuous_softmax(m, s, on_device(basis, m.device)), mu, S)
     on_both(lambda m, s: C.continuous_sparsemax(m, s, on_device(basis, m.device), n_quadrature=128), mu, S)
-    b1 = C.GaussianRBF(torch.linspace(0, 1, 6, dtype=F64)[:, None], torch.full((6,), 0.1, dtype=F64))
+    b1 = VF.GaussianRBF(torch.linspace(0, 1, 6, dtype=F64)[:, None], torch.full((6,), 0.1, dtype=F64))
     mu1, S1 = torch.tensor([[0.3], [0.6]], dtype=F64), torch.tensor([[[0.02]], [[0.1]]], dtype=F64)
     on_both(lambda m, s: C.continuous_sparsemax(m, s, on_device(b1, m.device)), mu1, S1)
-    locs = C.grid_locations(6, 2, dtype=F64)
+    locs = VF.grid_locations(6, 2, dtype=F64)
     w = torch.softmax(rand(3, 36, seed=33), -1)
     for family in ("gaussian", "truncated_paraboloid"):
         on_both(lambda w, l: C.moment_match(w, l, family), w, locs)
-    on_both(lambda f, l: C.ridge_value_function(f, l, on_device(basis, f.device), 0.1), rand(3, 36, 4, seed=34), locs)
+    on_both(lambda f, l: VF.ridge_value_function(f, l, on_device(basis, f.device), 0.1), rand(3, 36, 4, seed=34), locs)
 
 
 def test_continuous_attention_module_parity():
-    basis, locs = basis_2d(), C.grid_locations(6, 2, dtype=F64)
+    basis, locs = basis_2d(), VF.grid_locations(6, 2, dtype=F64)
     for family in ("gaussian", "truncated_paraboloid"):
         module = CA.ContinuousAttention(basis, locs, family=family).double()
         s, v = rand(3, 36, seed=35), rand(3, 36, 4, seed=36)
@@ -237,7 +238,7 @@ def test_continuous_attention_module_parity():
 
 
 def test_mixture_parity():
-    locs = C.grid_locations(8, 2, dtype=F64)
+    locs = VF.grid_locations(8, 2, dtype=F64)
     w = torch.softmax(rand(4, 64, seed=37, scale=3.0), -1)
     cpu = M.weighted_em(locs, w, 3, n_iter=30, init="regions", tol=1e-12)
     dev = M.weighted_em(locs.to(DEVICE), w.to(DEVICE), 3, n_iter=30, init="regions", tol=1e-12)

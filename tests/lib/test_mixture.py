@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from threadpoolctl import threadpool_limits
 
-from attnopt.continuous import GaussianRBF, grid_locations, moment_match, ridge_value_function
+from attnopt.continuous import moment_match
 from attnopt.continuous_attention import ContinuousAttention
 from attnopt.mixture import (
     MultimodalContinuousAttention,
@@ -27,6 +27,7 @@ from attnopt.mixture import (
     weighted_em,
     weighted_log_likelihood,
 )
+from attnopt.value_functions import GaussianRBF, grid_locations, ridge_value_function
 
 GaussianMixture = pytest.importorskip("sklearn.mixture").GaussianMixture
 
@@ -370,7 +371,8 @@ def test_module_detached_em_gives_no_score_gradient():
 def test_module_precomputed_ridge_operator_matches_ridge_value_function(dtype, padded):
     """The ridge operator is computed once at construction; the context equals the old path, which
     called ridge_value_function on every forward (same basis dtype as the inputs)."""
-    from attnopt.continuous import continuous_softmax, padding_locations
+    from attnopt.continuous import continuous_softmax
+    from attnopt.value_functions import padding_locations
 
     basis = GaussianRBF.grid(6, 0.08, dim=2, dtype=dtype)
     locs = grid_locations(14, dtype=dtype)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from attnopt import _vqa_scenes, vqa, vqa_data
-from attnopt.continuous import grid_locations
 from attnopt.mixture import select_components
+from attnopt.value_functions import grid_locations
 
 RGB = torch.tensor(
     [(0.90, 0.10, 0.10), (0.10, 0.75, 0.20), (0.15, 0.30, 0.95), (0.95, 0.90, 0.10), (0.60, 0.20, 0.80), (0.10, 0.85, 0.90)]
