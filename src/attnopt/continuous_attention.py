@@ -408,8 +408,10 @@ class ContinuousAttention(nn.Module):
         cov = self.basis.covariance.to(device=mu_f.device, dtype=cdt)
         r = expected_basis(self.family, density.mixing, mu_f, V_f, centers, cov, density.mixing.shape,
                             values.dtype, self.basis.n_basis, (self.n_quadrature, self.tol, self.max_quadrature))
-        B = torch.einsum("...ld,ln->...dn", values, self.ridge_operator.to(values))  # eq. (3.17)
-        context = (B @ r.unsqueeze(-1)).squeeze(-1).expand(*batch, values.shape[-1])
+        # c = B r with B = H G (eq. (3.17)), computed as H (G r): G r is a weight per location, so
+        # the (d, N) matrix B is never formed (N times fewer products for each value channel)
+        location_weights = torch.einsum("ln,...n->...l", self.ridge_operator.to(values), r)
+        context = torch.einsum("...ld,...l->...d", values, location_weights).expand(*batch, values.shape[-1])
         return (context, density) if return_density else context
 
     def extra_repr(self) -> str:

@@ -705,8 +705,9 @@ class MultimodalContinuousAttention(nn.Module):
         mu_f, V_f, centers, cov = self._flat(density)
         r = expected_basis("gaussian", density.mixing, mu_f, V_f, centers, cov, density.mixing.shape,
                             values.dtype, self.basis.n_basis, (None, None, None))  # eq. (5.4)
-        B = torch.einsum("...ld,ln->...dn", values, self.ridge_operator.to(values))  # eq. (3.17)
-        context = (B @ r.unsqueeze(-1)).squeeze(-1)  # eq. (5.5)
+        # c = B r (eq. (5.5)) with B = H G (eq. (3.17)), computed as H (G r): B is never formed
+        location_weights = torch.einsum("ln,...n->...l", self.ridge_operator.to(values), r)
+        context = torch.einsum("...ld,...l->...d", values, location_weights)
         return (context, density) if return_density else context
 
     def _flat(self, density):
