@@ -1,7 +1,7 @@
-"""Argument checks of :mod:`attnopt.vqa` and :mod:`attnopt.vqa_data` (token and answer ids, grid
-features, questions, seeds, ground-truth masks), each built from the checks of
-:mod:`attnopt._validation`, so that the public functions of the experiment start with a line or
-two of checks.
+"""Argument checks of :mod:`attnopt.vqa` and :mod:`attnopt.vqa_data` (token and answer ids, images,
+grid features, questions, seeds, optimization settings, model options, ground-truth masks), each
+built from the checks of :mod:`attnopt._validation`, so that the public functions of the experiment
+start with a line or two of checks.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import torch
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
+    check_bool,
+    check_choice,
     check_finite,
     check_int,
     check_nonnegative,
@@ -38,6 +40,38 @@ def int_ids(values, name: str, what: str) -> torch.Tensor:
 def seed_arg(seed) -> int:
     """The checked seed of a :class:`torch.Generator`: an int in ``[-2**63, 2**64 - 1]``."""
     return check_int(seed, "seed", -(2**63), 2**64 - 1)
+
+
+def instance_arg(value, kind: type, name: str) -> None:
+    """Check that ``value`` is a ``kind`` (a :class:`~attnopt.vqa.GridEncoder` or
+    :class:`~attnopt.vqa.VQAModel`); ``name`` is the argument."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__name__}; got {type(value).__name__}")
+
+
+def optimization_args(epochs, batch_size, lr, seed, progress) -> tuple[int, int, float, int]:
+    """The checked ``(epochs, batch_size, lr, seed)`` of a training loop (``progress`` a bool)."""
+    epochs, batch_size = check_int(epochs, "epochs"), check_int(batch_size, "batch_size")
+    lr = check_number(lr, "lr", low=0.0, low_open=True)
+    seed = seed_arg(seed)
+    check_bool(progress, "progress")
+    return epochs, batch_size, lr, seed
+
+
+def callback_arg(callback, name: str) -> None:
+    """Check that ``callback`` is callable or ``None``."""
+    if callback is not None and not callable(callback):
+        raise TypeError(f"{name} must be callable or None; got {type(callback).__name__}")
+
+
+def images_arg(images, device_marker: torch.Tensor) -> torch.Tensor:
+    """The checked ``(B, 3, H, W)`` finite images of an encoder's forward pass, on its device."""
+    images = as_float_tensor(images, "images", min_ndim=4)
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must have shape (B, 3, H, W); got {tuple(images.shape)}")
+    check_same_device(images, "images", device_marker, "the encoder")
+    check_finite(images, "images")
+    return images
 
 
 def features_arg(features, n_scenes: int, grid: int, feature_dim: int, name: str = "features") -> torch.Tensor:
@@ -69,6 +103,28 @@ def model_inputs(features, questions, grid: int, feature_dim: int, device_marker
     check_same_device(questions, "questions", device_marker, "the model")
     require(((questions >= 0) & (questions < len(VOCAB))).all(), f"questions must hold ids in [0, {len(VOCAB)}) (VOCAB)")
     return features, questions
+
+
+def model_config(head, heads: tuple[str, ...], config: dict, mixture_options: tuple[str, ...]) -> None:
+    """Check the constructor arguments of :class:`~attnopt.vqa.VQAModel`: ``head`` one of ``heads``,
+    and ``config``, the dict of the others (``mixture_kwargs`` with keys among ``mixture_options``)."""
+    check_choice(head, "head", heads)
+    check_int(config["grid"], "grid", minimum=2)
+    for name in ("feature_dim", "hidden", "embedding_dim", "n_basis_per_axis", "n_components"):
+        check_int(config[name], name)
+    check_number(config["basis_sigma"], "basis_sigma", low=0.0, low_open=True)
+    check_number(config["penalty"], "penalty", low=0.0)
+    check_number(config["uniform_mix"], "uniform_mix", low=0.0, high=1.0)
+    mixture_kwargs_arg(config["mixture_kwargs"], mixture_options)
+
+
+def head_options(options: dict, config: dict) -> None:
+    """Check that the keywords ``options`` of :func:`~attnopt.vqa.swap_head` are among those of a
+    model's ``config`` that a new head may change (not its sizes)."""
+    allowed = sorted(set(config) - {"feature_dim", "grid", "hidden", "embedding_dim"})
+    bad = sorted(set(options) - set(allowed))
+    if bad:
+        raise TypeError(f"swap_head takes head options {allowed}; got {bad}")
 
 
 def mixture_kwargs_arg(mixture_kwargs, allowed: tuple[str, ...]) -> None:

@@ -5,7 +5,7 @@ The scenes are in the spirit of Sort-of-CLEVR (Santoro et al., 2017); the vocabu
 the language the generator speaks, and :mod:`attnopt.vqa_data` exports the public ones.
 
 References:
-    Santoro, A. et al. (2017). A simple neural network module for relational reasoning (the
+    Santoro, A. et al. (2017). *A Simple Neural Network Module for Relational Reasoning* (the
     Sort-of-CLEVR task).
 """
 

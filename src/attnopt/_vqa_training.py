@@ -1,6 +1,7 @@
 r"""The engine of the experiment of :mod:`attnopt.vqa`: the optimization loops of
-:func:`~attnopt.vqa.pretrain_encoder` and :func:`~attnopt.vqa.train`, the fits of
-:func:`~attnopt.vqa.selection_sweep`, the accuracy tables and a progress bar.
+:func:`~attnopt.vqa.pretrain_encoder` and :func:`~attnopt.vqa.train` (with the auxiliary loss of
+attention supervision), the fits of :func:`~attnopt.vqa.selection_sweep`, the accuracy tables, a
+progress bar and a block in eval mode.
 
 Both training loops use Adam(W) with a one-cycle learning rate (Smith and Topin, 2019) over
 shuffled minibatches; their losses stay on the device and are read once per epoch.
@@ -16,11 +17,14 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from ._vqa_maps import on_image
 from ._vqa_scenes import ANSWER_TYPES, FAMILIES, cell_targets
 from .mixture import select_components
 
@@ -60,6 +64,17 @@ class OneCycle:
         loss.backward()
         self.optimizer.step()
         self.schedule.step()
+
+
+@contextmanager
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` in eval mode inside the block; its training mode is restored after."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 def pretrain_epochs(encoder, data, epochs, batch_size, lr, object_weight, seed, progress) -> dict[str, list]:
@@ -129,13 +144,26 @@ def train_epochs(model, data, features, epochs, batch_size, lr, weight_decay, se
     return history
 
 
+def mask_supervision(data, beta: float) -> Callable | None:
+    r"""The auxiliary loss of :func:`~attnopt.vqa.train` with weight ``beta`` (``None`` for 0):
+    ``loss(output, idx)`` is :math:`-\beta\log\sum_{c\in M}a_c`, averaged over the questions ``idx``
+    of ``data``, with :math:`a` the head's own attention at the grid's resolution and :math:`M` the
+    ground-truth grid mask."""
+    if beta == 0:
+        return None
+
+    def loss(out, idx):
+        attention = on_image(out.attention, out.attention.grid)
+        on_mask = (attention * data.index(idx).grid_masks.to(out.logits.device)).sum((-2, -1))
+        return -beta * torch.log(on_mask.clamp_min(1e-12)).mean()
+
+    return loss
+
+
 def _observe(model, epoch, on_epoch):
     """``on_epoch(epoch, model)`` in eval mode and without gradient; training mode restored."""
-    model.eval()
-    with torch.no_grad():
-        result = on_epoch(epoch, model)
-    model.train()
-    return result
+    with eval_mode(model), torch.no_grad():
+        return on_epoch(epoch, model)
 
 
 def summary(correct, types, families, precision) -> dict[str, float]:
@@ -154,8 +182,24 @@ def summary(correct, types, families, precision) -> dict[str, float]:
     return res
 
 
-def sweep_penalties(model, data, features, penalties, k_max, n_init, n_iter, cov_floor, generator,
-                    batch_size) -> dict[float, tuple[torch.Tensor, torch.Tensor]]:
+def sweep_penalties(model, data, features, penalties, k_max, n_init, n_iter, cov_floor, seed,
+                    batch_size) -> dict[float, dict]:
+    """The table of :func:`~attnopt.vqa.selection_sweep` on checked arguments: for each penalty, the
+    accuracies of the model (run in eval mode) with its :math:`K^\\star`, and their shares."""
+    generator = torch.Generator(device=model.device_marker.device).manual_seed(seed)
+    with eval_mode(model):
+        fits = _fit_penalties(model, data, features, penalties, k_max, n_init, n_iter, cov_floor, generator,
+                              batch_size)
+    table = {}
+    for p, (ks, correct) in fits.items():
+        res = summary(correct.float(), data.answer_types.cpu(), data.families.cpu(), None)
+        res["k_star_shares"] = [float((ks == k).float().mean()) for k in range(1, k_max + 1)]
+        table[p] = res
+    return table
+
+
+def _fit_penalties(model, data, features, penalties, k_max, n_init, n_iter, cov_floor, generator,
+                   batch_size) -> dict[float, tuple[torch.Tensor, torch.Tensor]]:
     """The fits of :func:`~attnopt.vqa.selection_sweep` on checked arguments (model in eval mode):
     for each penalty, ``(K*, correct)`` per question, on the CPU."""
     head = model.attention

@@ -246,6 +246,19 @@ def expected_basis(family, mixing, mu_f, V_f, centers, cov, batch, dtype, n_basi
     return torch.einsum("...k,...kn->...n", mixing.to(dtype), r)
 
 
+def fitted_expected_basis(density: ContinuousDensity, basis: GaussianRBF, dtype: torch.dtype,
+                          rule) -> torch.Tensor:
+    """:meth:`ContinuousDensity.expected_basis` in ``dtype`` of a density that a head fitted itself (valid
+    by construction: no second validation); ``rule`` is ``(n_quadrature, tol, max_quadrature)``.  Shared
+    by the continuous and multimodal modules."""
+    D, cdt = density.means.shape[-1], compute_dtype(density.means.dtype)
+    mu_f, V_f = density.means.reshape(-1, D).to(cdt), density.covariances.reshape(-1, D, D).to(cdt)
+    centers = basis.centers.to(device=mu_f.device, dtype=cdt)
+    cov = basis.covariance.to(device=mu_f.device, dtype=cdt)
+    return expected_basis(density.family, density.mixing, mu_f, V_f, centers, cov, density.mixing.shape,
+                          dtype, basis.n_basis, rule)
+
+
 def discrete_weights(scores: torch.Tensor, uniform_mix: float) -> tuple[torch.Tensor, torch.Tensor]:
     r"""``(weights, dead)``: :math:`(1-\epsilon)\operatorname{softmax}(s)+\epsilon u` with :math:`u` uniform on the
     locations of finite score, and the rows whose scores are all ``-inf`` (given uniform weights, for
@@ -402,12 +415,8 @@ class ContinuousAttention(nn.Module):
         density = self.density(scores)
         batch = broadcast_shapes(scores=density.mixing.shape[:-1], values=values.shape[:-2])
         # the density is valid by construction: no second validation of the moments
-        D, cdt = self.locations.shape[-1], compute_dtype(density.means.dtype)
-        mu_f, V_f = density.means.reshape(-1, D).to(cdt), density.covariances.reshape(-1, D, D).to(cdt)
-        centers = self.basis.centers.to(device=mu_f.device, dtype=cdt)
-        cov = self.basis.covariance.to(device=mu_f.device, dtype=cdt)
-        r = expected_basis(self.family, density.mixing, mu_f, V_f, centers, cov, density.mixing.shape,
-                            values.dtype, self.basis.n_basis, (self.n_quadrature, self.tol, self.max_quadrature))
+        rule = (self.n_quadrature, self.tol, self.max_quadrature)
+        r = fitted_expected_basis(density, self.basis, values.dtype, rule)
         # c = B r with B = H G (eq. (3.17)), computed as H (G r): G r is a weight per location, so
         # the (d, N) matrix B is never formed (N times fewer products for each value channel)
         location_weights = torch.einsum("ln,...n->...l", self.ridge_operator.to(values), r)

@@ -453,7 +453,7 @@ def image_value_function(image, n_per_axis: int = 14, *, penalty: float = 1e-3) 
         (torch.Size([3, 16]), torch.Size([64, 2]))
 
     References:
-        Farinhas (2021), *Visual attention with sparse and continuous transformations*, eq. (3.17)
+        Farinhas (2021), *Visual Attention with Sparse and Continuous Transformations*, eq. (3.17)
         and Sec. 6.2.2.
     """
     image = float_arg(image, "image", 3)
@@ -542,7 +542,7 @@ def density_view(values: ImageValues, mu, covariance, family: str = "gaussian") 
         (1.0, 1.0)
 
     References:
-        Farinhas (2021), *Visual attention with sparse and continuous transformations*, eqs.
+        Farinhas (2021), *Visual Attention with Sparse and Continuous Transformations*, eqs.
         (3.12), (3.14), (3.16) and Theorem 1; Martins et al. (2020).
     """
     if not isinstance(values, ImageValues):

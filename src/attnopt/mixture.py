@@ -34,24 +34,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from . import _mixture_checks as checks
 from . import _mixture_em as em
-from ._mixture_checks import INITS, data_args, generator_arg, init_arg
-from ._validation import (
-    as_float_tensor,
-    broadcast_shapes,
-    check_bool,
-    check_choice,
-    check_finite,
-    check_int,
-    check_number,
-    check_probability_vector,
-    check_same_device,
-    check_same_dtype,
-    check_shape_match,
-    check_spd,
-)
-from .continuous_attention import ContinuousDensity, discrete_weights, expected_basis
-from .value_functions import GaussianRBF, ridge_operator
+from ._validation import check_bool, check_choice, check_int, check_number
+from .continuous_attention import ContinuousDensity, discrete_weights, fitted_expected_basis
+from .value_functions import GaussianRBF, _check_basis, ridge_operator
 
 __all__ = [
     "MultimodalContinuousAttention",
@@ -180,11 +167,7 @@ def region_labels(points: torch.Tensor, n_components: int) -> torch.Tensor:
                 [0., 1.]])
     """
     k = check_int(n_components, "n_components")
-    points = as_float_tensor(points, "points", min_ndim=2)
-    if points.shape[-1] < 1:
-        raise ValueError(f"points must have shape (..., N, D) with D >= 1; got {tuple(points.shape)}")
-    check_finite(points, "points")
-    return em.region_one_hot(points, k)
+    return em.region_one_hot(checks.points_arg(points), k)
 
 
 def weighted_log_likelihood(points, weights, means, covariances, mixing) -> torch.Tensor:
@@ -215,26 +198,8 @@ def weighted_log_likelihood(points, weights, means, covariances, mixing) -> torc
         >>> round(ll.item(), 6) == round(-math.log(2 * math.pi), 6)
         True
     """
-    points, weights, batch = data_args(points, weights, positive_sum=False)
-    n, d = points.shape[-2:]
-    means = as_float_tensor(means, "means", min_ndim=2, like=points)
-    covariances = as_float_tensor(covariances, "covariances", min_ndim=3, like=points)
-    mixing = as_float_tensor(mixing, "mixing", min_ndim=1, like=points)
-    for tensor, name in ((means, "means"), (covariances, "covariances"), (mixing, "mixing")):
-        check_same_dtype(tensor, name, points, "points")
-        check_same_device(tensor, name, points, "points")
-    k = means.shape[-2]
-    if means.shape[-1] != d:
-        raise ValueError(f"means must have shape (..., K, D) with D={d} as points; got {tuple(means.shape)}")
-    if covariances.shape[-3:] != (k, d, d):
-        raise ValueError(f"covariances must have shape (..., K, D, D) = (..., {k}, {d}, {d}) as means; got {tuple(covariances.shape)}")
-    if mixing.shape[-1] != k:
-        raise ValueError(f"mixing must have shape (..., K) with K={k} as means; got {tuple(mixing.shape)}")
-    broadcast_shapes(**{"points/weights (leading dims)": batch, "means (leading dims)": means.shape[:-2],
-                        "covariances (leading dims)": covariances.shape[:-3], "mixing (leading dims)": mixing.shape[:-1]})
-    check_finite(means, "means")
-    check_spd(covariances, "covariances")
-    check_probability_vector(mixing, "mixing")
+    points, weights, means, covariances, mixing = checks.mixture_args(points, weights, means, covariances,
+                                                                      mixing)
     work = em.work_dtype(points.dtype)
     args = (t.to(work) for t in (points, weights, means, em.symmetric(covariances), mixing))
     return em.e_step(*args)[1].to(points.dtype)
@@ -362,18 +327,8 @@ def weighted_em(
         tensor([[0.0500, 0.0000],
                 [1.0500, 1.0000]], dtype=torch.float64)
     """
-    k = check_int(n_components, "n_components")
-    n_iter = check_int(n_iter, "n_iter")
-    cov_floor = check_number(cov_floor, "cov_floor", low=0.0)
-    if tol is not None:
-        tol = check_number(tol, "tol", low=0.0, hint=" (or None for a fixed number of iterations)")
-    points, weights, _ = data_args(points, weights)
-    if k > points.shape[-2]:
-        raise ValueError(f"n_components={k} exceeds the number of points N={points.shape[-2]}")
-    init = init_arg(init, k, points, generator)
-    work = em.work_dtype(points.dtype)
-    if cov_floor > torch.finfo(work).max:
-        raise ValueError(f"cov_floor={cov_floor:g} is beyond the range of {work}")
+    points, weights, k, n_iter, init, tol, cov_floor = checks.em_args(
+        points, weights, n_components, n_iter, init, tol, cov_floor, generator)
     return WeightedEMResult(*em.fit(points, weights, k, n_iter, init, tol, cov_floor, generator))
 
 
@@ -459,18 +414,8 @@ def select_components(
         TypeError: as :func:`weighted_em`; non-integer ``max_components``, ``min_components``,
             ``n_init`` or ``n_iter``.
     """
-    k_max = check_int(max_components, "max_components")
-    k_min = check_int(min_components, "min_components")
-    if k_min > k_max:
-        raise ValueError(f"min_components={k_min} must be <= max_components={k_max}")
-    n_init = check_int(n_init, "n_init")
-    n_iter = check_int(n_iter, "n_iter")
-    penalty = check_number(penalty, "penalty", low=0.0)
-    check_choice(init, "init", ("kmeans++", "random"))
-    points, weights, batch = data_args(points, weights)
-    if k_max > points.shape[-2]:
-        raise ValueError(f"max_components={k_max} exceeds the number of points N={points.shape[-2]}")
-    generator_arg(generator, points)
+    points, weights, batch, k_min, k_max, penalty, n_init, n_iter = checks.selection_args(
+        points, weights, max_components, min_components, penalty, n_init, n_iter, init, generator)
     # normalized (after an exact rescaling by a power of two, so that the sum cannot overflow)
     weights = weights / em.power_of_two_scale(weights.amax(-1, keepdim=True))
     weights = weights / weights.sum(-1, keepdim=True)
@@ -586,17 +531,9 @@ class MultimodalContinuousAttention(nn.Module):
         differentiate_em: bool = True,
     ):
         super().__init__()
-        if not isinstance(basis, GaussianRBF):
-            raise TypeError(f"basis must be a GaussianRBF; got {type(basis).__name__}")
-        if isinstance(n_components, str):
-            if n_components != "auto":
-                raise ValueError(f"n_components must be an int >= 1 or 'auto'; got {n_components!r}")
-            self.n_components = "auto"
-            self.max_components = check_int(max_components, "max_components")
-        else:
-            self.n_components = check_int(n_components, "n_components")
-            self.max_components = self.n_components
-        self.init = check_choice(init, "init", INITS)
+        _check_basis(basis)
+        self.n_components, self.max_components = checks.components_args(n_components, max_components)
+        self.init = check_choice(init, "init", checks.INITS)
         self.selection_penalty = check_number(selection_penalty, "selection_penalty", low=0.0)
         self.n_init = check_int(n_init, "n_init")
         self.n_iter = check_int(n_iter, "n_iter")
@@ -605,19 +542,12 @@ class MultimodalContinuousAttention(nn.Module):
         self.uniform_mix = check_number(uniform_mix, "uniform_mix", low=0.0, high=1.0)
         self.differentiate_em = check_bool(differentiate_em, "differentiate_em")
         self.basis = basis
-        locations = as_float_tensor(locations, "locations", min_ndim=2)
-        if locations.ndim != 2 or locations.shape[1] != basis.dim:
-            raise ValueError(f"locations must have shape (L, D={basis.dim}); got {tuple(locations.shape)}")
-        check_finite(locations, "locations")
+        locations = checks.location_set_arg(locations, "locations", "L", basis.dim)
         if self.max_components > locations.shape[0]:
             raise ValueError(f"n_components/max_components={self.max_components} exceeds the number of locations {locations.shape[0]}")
         self.register_buffer("locations", locations.to(dtype=basis.centers.dtype, device=basis.centers.device))
         if padding is not None:
-            padding = as_float_tensor(padding, "padding", min_ndim=2)
-            if padding.ndim != 2 or padding.shape[1] != basis.dim:
-                raise ValueError(f"padding must have shape (P, D={basis.dim}); got {tuple(padding.shape)}")
-            check_finite(padding, "padding")
-            padding = padding.to(self.locations)
+            padding = checks.location_set_arg(padding, "padding", "P", basis.dim).to(self.locations)
         self.register_buffer("padding", padding)
         # G of eq. (3.17) depends only on the basis, the locations and the penalty: computed once (in
         # the basis's dtype, as ContinuousAttention does); not saved in the state dict, being derived
@@ -637,13 +567,6 @@ class MultimodalContinuousAttention(nn.Module):
             return sel.density
         fit = weighted_em(locations, weights, self.n_components, self.n_iter, init=self.init, tol=None, cov_floor=self.cov_floor)
         return ContinuousDensity(fit.mixing, fit.means, fit.covariances)
-
-    def _check_scores(self, scores):
-        scores = as_float_tensor(scores, "scores", min_ndim=1)
-        check_same_device(scores, "scores", self.locations, "the module (its locations)")
-        check_shape_match(scores, "scores", self.locations, "locations", [(-1, 0)])
-        check_finite(scores, "scores", allow_neg_inf=True)
-        return scores
 
     def _density(self, scores):
         weights, dead = discrete_weights(scores, self.uniform_mix)
@@ -669,7 +592,7 @@ class MultimodalContinuousAttention(nn.Module):
             ValueError: ``scores`` with NaN or ``+inf``, a last dimension other than ``L``, another
                 device than the module's.
         """
-        return self._density(self._check_scores(scores))
+        return self._density(checks.scores_arg(scores, self.locations))
 
     def forward(self, scores: torch.Tensor, values: torch.Tensor, *, return_density: bool = False):
         """Context vectors ``(..., d)``; with ``return_density=True`` also the
@@ -692,32 +615,16 @@ class MultimodalContinuousAttention(nn.Module):
             ValueError: shapes that do not match the locations or do not broadcast, a device other
                 than the module's, NaN or ``+inf`` in ``scores``, NaN or infinities in ``values``.
         """
-        scores = self._check_scores(scores)
-        values = as_float_tensor(values, "values", min_ndim=2)
-        check_same_dtype(values, "values", scores, "scores")
-        check_same_device(values, "values", scores, "scores")
-        check_shape_match(values, "values", self.locations, "locations", [(-2, 0)])
-        broadcast_shapes(**{"scores (leading dims)": scores.shape[:-1], "values (leading dims)": values.shape[:-2]})
+        scores = checks.scores_arg(scores, self.locations)
+        values = checks.values_arg(values, scores, self.locations)
         return_density = check_bool(return_density, "return_density")
-        check_finite(values, "values")
         density = self._density(scores)
         # the fitted covariances are positive definite by construction (cov_floor): no second validation
-        mu_f, V_f, centers, cov = self._flat(density)
-        r = expected_basis("gaussian", density.mixing, mu_f, V_f, centers, cov, density.mixing.shape,
-                            values.dtype, self.basis.n_basis, (None, None, None))  # eq. (5.4)
+        r = fitted_expected_basis(density, self.basis, values.dtype, (None, None, None))  # eq. (5.4)
         # c = B r (eq. (5.5)) with B = H G (eq. (3.17)), computed as H (G r): B is never formed
         location_weights = torch.einsum("ln,...n->...l", self.ridge_operator.to(values), r)
         context = torch.einsum("...ld,...l->...d", values, location_weights)
         return (context, density) if return_density else context
-
-    def _flat(self, density):
-        D = self.locations.shape[-1]
-        cdt = em.work_dtype(density.means.dtype)
-        mu_f = density.means.reshape(-1, D).to(cdt)
-        V_f = density.covariances.reshape(-1, D, D).to(cdt)
-        centers = self.basis.centers.to(device=mu_f.device, dtype=cdt)
-        cov = self.basis.covariance.to(device=mu_f.device, dtype=cdt)
-        return mu_f, V_f, centers, cov
 
     def extra_repr(self) -> str:
         return (f"n_components={self.n_components!r}, n_iter={self.n_iter}, init={self.init!r}, "

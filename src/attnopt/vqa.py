@@ -26,7 +26,7 @@ canvas pixel at unit-square position :math:`u\in[0,1]^2` (row, column) is at
 in the unit square.
 
 References:
-    Farinhas, A. (2021). *Multimodal Continuous Visual Attention Mechanisms*, chapter 6.
+    Farinhas, A. (2021). *Visual Attention with Sparse and Continuous Transformations*, chapter 6.
 """
 
 from __future__ import annotations
@@ -39,19 +39,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _vqa_checks as checks
+from . import _vqa_heads as heads
+from . import _vqa_maps as maps
 from . import _vqa_training as training
-from ._validation import (
-    as_float_tensor,
-    check_bool,
-    check_choice,
-    check_finite,
-    check_int,
-    check_number,
-    check_same_device,
-)
-from .continuous_attention import ContinuousAttention, ContinuousDensity
-from .mixture import MultimodalContinuousAttention
-from .value_functions import GaussianRBF, grid_locations, padding_locations
+from ._validation import check_int, check_number, check_same_device
+from .continuous_attention import ContinuousDensity
+from .value_functions import GaussianRBF, grid_locations
 from .vqa_data import ANSWERS, COLOURS, SHAPES, VOCAB, SyntheticVQA, VQABatch, _as_batch
 
 __all__ = [
@@ -123,12 +116,7 @@ class GridEncoder(nn.Module):
 
     def logits(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(colour, shape)`` logits per cell, ``(B, 7, G, G)`` and ``(B, 4, G, G)``."""
-        images = as_float_tensor(images, "images", min_ndim=4)
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must have shape (B, 3, H, W); got {tuple(images.shape)}")
-        check_same_device(images, "images", self.coords, "the encoder")
-        check_finite(images, "images")
-        h = F.adaptive_avg_pool2d(self.body(images), self.grid)
+        h = F.adaptive_avg_pool2d(self.body(checks.images_arg(images, self.coords)), self.grid)
         return self.colour(h), self.shape(h)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -181,14 +169,10 @@ def pretrain_encoder(
         >>> len(history["loss"])
         1
     """
-    if not isinstance(encoder, GridEncoder):
-        raise TypeError(f"encoder must be a GridEncoder; got {type(encoder).__name__}")
+    checks.instance_arg(encoder, GridEncoder, "encoder")
     data = _as_batch(data)
-    epochs, batch_size = check_int(epochs, "epochs"), check_int(batch_size, "batch_size")
-    lr = check_number(lr, "lr", low=0.0, low_open=True)
+    epochs, batch_size, lr, seed = checks.optimization_args(epochs, batch_size, lr, seed, progress)
     object_weight = check_number(object_weight, "object_weight", low=0.0)
-    seed = checks.seed_arg(seed)
-    check_bool(progress, "progress")
     if data.images.shape[-1] % encoder.grid:
         raise ValueError(f"the canvas ({data.images.shape[-1]} px) must be a multiple of the encoder's grid ({encoder.grid})")
     return training.pretrain_epochs(encoder, data, epochs, batch_size, lr, object_weight, seed, progress)
@@ -216,16 +200,13 @@ def encode(encoder: GridEncoder, data: SyntheticVQA | VQABatch, *, batch_size: i
         >>> encode(GridEncoder(), make_batch(3, questions_per_scene=1)).shape
         torch.Size([3, 196, 13])
     """
-    if not isinstance(encoder, GridEncoder):
-        raise TypeError(f"encoder must be a GridEncoder; got {type(encoder).__name__}")
+    checks.instance_arg(encoder, GridEncoder, "encoder")
     data = _as_batch(data)
     batch_size = check_int(batch_size, "batch_size")
-    was_training = encoder.training
-    encoder.eval()
     dev = encoder.coords.device
-    out = torch.cat([encoder(data.images[s:s + batch_size].to(dev)) for s in range(0, data.n_scenes, batch_size)])
-    encoder.train(was_training)
-    return out
+    with training.eval_mode(encoder):
+        batches = range(0, data.n_scenes, batch_size)
+        return torch.cat([encoder(data.images[s:s + batch_size].to(dev)) for s in batches])
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,34 +252,6 @@ class VQAOutput:
 
     logits: torch.Tensor
     attention: AttentionOutput
-
-
-#: The keyword arguments of :class:`attnopt.mixture.MultimodalContinuousAttention` a
-#: :class:`VQAModel` passes on through ``mixture_kwargs``.
-_MIXTURE_KWARGS = ("cov_floor", "differentiate_em", "init", "n_init", "n_iter", "selection_penalty")
-
-
-def _cell_variance(grid: int) -> float:
-    """:math:`h^2/12`, the variance of a grid cell of side :math:`h=1/(G-1)`: the covariance floor of
-    the mixture heads (a component narrower than a cell would fit a single row of cells, see
-    :func:`~attnopt.mixture.select_components`)."""
-    return 1.0 / (12 * (grid - 1) ** 2)
-
-
-def _head(kind, grid, basis, penalty, uniform_mix, n_quadrature, n_components, mixture_kwargs):
-    """The library module behind a head (``None`` for discrete attention)."""
-    locations = grid_locations(grid)
-    if kind in ("continuous_softmax", "continuous_sparsemax"):
-        family = "gaussian" if kind == "continuous_softmax" else "truncated_paraboloid"
-        return ContinuousAttention(basis, locations, family=family, penalty=penalty, padding=True,
-                                   uniform_mix=uniform_mix, n_quadrature=n_quadrature)
-    if kind in ("mixture", "mixture_selected"):
-        kw = {"cov_floor": _cell_variance(grid), "n_iter": 2 if kind == "mixture" else 20,
-              "init": "regions", **(mixture_kwargs or {})}
-        k = "auto" if kind == "mixture_selected" else n_components
-        return MultimodalContinuousAttention(basis, locations, k, max_components=n_components, penalty=penalty,
-                                             padding=padding_locations(grid), uniform_mix=uniform_mix, **kw)
-    return None
 
 
 class VQAModel(nn.Module):
@@ -368,20 +321,12 @@ class VQAModel(nn.Module):
         mixture_kwargs: dict[str, Any] | None = None,
     ):
         super().__init__()
-        check_choice(head, "head", HEADS)
-        check_int(grid, "grid", minimum=2)
-        for name, value in (("feature_dim", feature_dim), ("hidden", hidden), ("embedding_dim", embedding_dim),
-                            ("n_basis_per_axis", n_basis_per_axis), ("n_components", n_components)):
-            check_int(value, name)
-        check_number(basis_sigma, "basis_sigma", low=0.0, low_open=True)
-        check_number(penalty, "penalty", low=0.0)
-        check_number(uniform_mix, "uniform_mix", low=0.0, high=1.0)
-        checks.mixture_kwargs_arg(mixture_kwargs, _MIXTURE_KWARGS)
-        self.head_name, self.grid, self.feature_dim = head, grid, feature_dim
         self.config = dict(feature_dim=feature_dim, grid=grid, hidden=hidden, embedding_dim=embedding_dim,
                            n_basis_per_axis=n_basis_per_axis, basis_sigma=basis_sigma, penalty=penalty,
                            uniform_mix=uniform_mix, n_quadrature=n_quadrature, n_components=n_components,
                            mixture_kwargs=mixture_kwargs)
+        checks.model_config(head, HEADS, self.config, heads.MIXTURE_KWARGS)
+        self.head_name, self.grid, self.feature_dim = head, grid, feature_dim
         self.embed = nn.Embedding(len(VOCAB), embedding_dim, padding_idx=0)
         nn.init.normal_(self.embed.weight, 0.0, 0.1)
         with torch.no_grad():
@@ -389,7 +334,8 @@ class VQAModel(nn.Module):
         self.question = nn.Sequential(nn.Linear(embedding_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
         self.query = nn.Linear(embedding_dim, feature_dim)
         basis = GaussianRBF.grid(n_basis_per_axis, basis_sigma, dim=2)
-        self.attention = _head(head, grid, basis, penalty, uniform_mix, n_quadrature, n_components, mixture_kwargs)
+        self.attention = heads.make_head(head, grid, basis, penalty, uniform_mix, n_quadrature, n_components,
+                                         mixture_kwargs)
         self.context_norm = nn.BatchNorm1d(feature_dim)
         self.fuse_c = nn.Linear(feature_dim, hidden)
         self.fuse_q = nn.Linear(hidden, hidden)
@@ -457,26 +403,16 @@ def swap_head(model: VQAModel, head: str, **head_kwargs) -> VQAModel:
         >>> test_mca.head_name, test_mca.attention.max_components
         ('mixture_selected', 3)
     """
-    if not isinstance(model, VQAModel):
-        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
-    sizes = ("feature_dim", "grid", "hidden", "embedding_dim")
-    bad = sorted(set(head_kwargs) - (set(model.config) - set(sizes)))
-    if bad:
-        raise TypeError(f"swap_head takes head options {sorted(set(model.config) - set(sizes))}; got {bad}")
+    checks.instance_arg(model, VQAModel, "model")
+    checks.head_options(head_kwargs, model.config)
     new = VQAModel(head, **{**model.config, **head_kwargs}).to(model.device_marker.device)
-    body = {k: v for k, v in model.state_dict().items() if not k.startswith("attention.")}
-    new.load_state_dict(body, strict=False)
+    heads.load_body(new, model)
     return new.eval()
 
 
 # --------------------------------------------------------------------------------------------
 # attention maps and precision
 # --------------------------------------------------------------------------------------------
-
-#: Floor added to the covariances when a density is evaluated on pixels (a softmax on one cell has
-#: covariance 0, a point mass with no values to plot).
-_MAP_FLOOR = 1e-6
-
 
 def attention_map(output: VQAOutput | AttentionOutput, resolution: int | None = None) -> torch.Tensor:
     r"""The attention as a probability distribution over a ``resolution``:math:`^2` grid of the image.
@@ -510,22 +446,8 @@ def attention_map(output: VQAOutput | AttentionOutput, resolution: int | None = 
     att = output.attention if isinstance(output, VQAOutput) else output
     if not isinstance(att, AttentionOutput):
         raise TypeError(f"output must be a VQAOutput or AttentionOutput; got {type(output).__name__}")
-    G = att.grid
-    res = G if resolution is None else check_int(resolution, "resolution")
-    if att.density is None:
-        w = att.weights
-        if res != G:
-            w = F.interpolate(w.unsqueeze(1), size=(res, res), mode="nearest").squeeze(1)
-        return w / w.sum((-2, -1), keepdim=True)
-    density = att.density
-    dev, dt = density.means.device, density.means.dtype
-    u = (torch.arange(res, device=dev, dtype=dt) + 0.5) / res
-    t1 = (u * G - 0.5) / (G - 1)  # image unit coordinate -> grid location coordinate
-    points = torch.stack(torch.meshgrid(t1, t1, indexing="ij"), -1).reshape(-1, 2)  # (P, 2) (row, col)
-    floored = density._replace(covariances=density.covariances + _MAP_FLOOR * torch.eye(2, device=dev, dtype=dt))
-    m = floored.pdf(points).reshape(-1, res, res)
-    total = m.sum((-2, -1), keepdim=True)
-    return m / total.clamp_min(torch.finfo(m.dtype).tiny)
+    res = att.grid if resolution is None else check_int(resolution, "resolution")
+    return maps.on_image(att, res)
 
 
 def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> torch.Tensor:
@@ -552,23 +474,20 @@ def attention_precision(attention_map: torch.Tensor, gt_mask: torch.Tensor) -> t
         >>> attention_precision(torch.ones(4, 4), mask).item()
         0.5
     """
-    a, m = checks.precision_args(attention_map, gt_mask)
-    if m.shape[-2:] != a.shape[-2:]:
-        H, W = a.shape[-2:]
-        lead = m.shape[:-2]
-        m2 = m.reshape(-1, 1, *m.shape[-2:])
-        if m.shape[-2] % H == 0 and m.shape[-1] % W == 0:
-            m2 = F.adaptive_max_pool2d(m2, (H, W))
-        else:
-            m2 = F.interpolate(m2, size=(H, W), mode="nearest")
-        m = m2.reshape(*lead, H, W)
-    total = a.sum((-2, -1))
-    return (a * m).sum((-2, -1)) / total.clamp_min(torch.finfo(a.dtype).tiny)
+    return maps.share_on_mask(*checks.precision_args(attention_map, gt_mask))
 
 
 # --------------------------------------------------------------------------------------------
 # training and evaluation
 # --------------------------------------------------------------------------------------------
+
+
+def _questions(model, data, features) -> tuple[VQABatch, torch.Tensor]:
+    """The checked ``model``, questions and frozen ``features`` of :func:`train`, :func:`evaluate` and
+    :func:`selection_sweep`."""
+    checks.instance_arg(model, VQAModel, "model")
+    data = _as_batch(data)
+    return data, checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
 
 
 def train(
@@ -624,26 +543,15 @@ def train(
         >>> len(history["loss"])
         2
     """
-    if not isinstance(model, VQAModel):
-        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
-    data = _as_batch(data)
-    features = checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
-    epochs, batch_size = check_int(epochs, "epochs"), check_int(batch_size, "batch_size")
-    seed = checks.seed_arg(seed)
-    check_bool(progress, "progress")
-    lr = check_number(lr, "lr", low=0.0, low_open=True)
+    data, features = _questions(model, data, features)
+    epochs, batch_size, lr, seed = checks.optimization_args(epochs, batch_size, lr, seed, progress)
     weight_decay = check_number(weight_decay, "weight_decay", low=0.0)
     beta = check_number(attention_supervision, "attention_supervision", low=0.0)
     check_same_device(features, "features", model.device_marker, "the model")
-    if on_epoch is not None and not callable(on_epoch):
-        raise TypeError(f"on_epoch must be callable or None; got {type(on_epoch).__name__}")
-
-    def supervision(out, idx):  # -beta log(the head's attention on the ground-truth cells)
-        on_mask = (attention_map(out) * data.index(idx).grid_masks.to(out.logits.device)).sum((-2, -1))
-        return -beta * torch.log(on_mask.clamp_min(1e-12)).mean()
-
+    checks.callback_arg(on_epoch, "on_epoch")
+    supervision = training.mask_supervision(data, beta)  # -beta log(the attention on the relevant cells)
     return training.train_epochs(model, data, features, epochs, batch_size, lr, weight_decay, seed, progress,
-                                 supervision if beta > 0 else None, on_epoch)
+                                 supervision, on_epoch)
 
 
 @torch.no_grad()
@@ -675,21 +583,16 @@ def evaluate(model: VQAModel, data: SyntheticVQA | VQABatch, features: torch.Ten
         >>> result["n"], 0 <= result["overall"] <= 1
         (6, True)
     """
-    if not isinstance(model, VQAModel):
-        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
-    data = _as_batch(data)
-    features = checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
+    data, features = _questions(model, data, features)
     batch_size = check_int(batch_size, "batch_size")
-    was_training = model.training
-    model.eval()
     dev = model.device_marker.device
     correct, precision = [], []
-    for s in range(0, len(data), batch_size):
-        b = data.index(slice(s, s + batch_size))
-        out = model(features[b.scene].to(dev), b.questions.to(dev))
-        correct.append((out.logits.argmax(-1) == b.answers.to(dev)).cpu())
-        precision.append(attention_precision(attention_map(out), b.grid_masks.to(dev)).cpu())
-    model.train(was_training)
+    with training.eval_mode(model):
+        for s in range(0, len(data), batch_size):
+            b = data.index(slice(s, s + batch_size))
+            out = model(features[b.scene].to(dev), b.questions.to(dev))
+            correct.append((out.logits.argmax(-1) == b.answers.to(dev)).cpu())
+            precision.append(attention_precision(attention_map(out), b.grid_masks.to(dev)).cpu())
     return training.summary(torch.cat(correct).float(), data.answer_types.cpu(), data.families.cpu(), torch.cat(precision))
 
 
@@ -748,26 +651,14 @@ def selection_sweep(
         >>> sweep[10.0]["k_star_shares"]
         [1.0, 0.0]
     """
-    if not isinstance(model, VQAModel):
-        raise TypeError(f"model must be a VQAModel; got {type(model).__name__}")
+    data, features = _questions(model, data, features)
     if model.attention is None:
         raise ValueError("model must have a continuous head (its basis and ridge operator); got 'discrete'")
-    data = _as_batch(data)
-    features = checks.features_arg(features, data.n_scenes, model.grid, model.feature_dim)
     penalties = checks.penalties_arg(penalties)
     k_max = check_int(model.config["n_components"] if max_components is None else max_components, "max_components")
     n_init, n_iter = check_int(n_init, "n_init"), check_int(n_iter, "n_iter")
     seed = checks.seed_arg(seed)
     batch_size = check_int(batch_size, "batch_size")
-    cov_floor = getattr(model.attention, "cov_floor", _cell_variance(model.grid))
-    was_training = model.training
-    model.eval()
-    g = torch.Generator(device=model.device_marker.device).manual_seed(seed)
-    fits = training.sweep_penalties(model, data, features, penalties, k_max, n_init, n_iter, cov_floor, g, batch_size)
-    model.train(was_training)
-    out = {}
-    for p, (ks, correct) in fits.items():
-        res = training.summary(correct.float(), data.answer_types.cpu(), data.families.cpu(), None)
-        res["k_star_shares"] = [float((ks == k).float().mean()) for k in range(1, k_max + 1)]
-        out[p] = res
-    return out
+    cov_floor = getattr(model.attention, "cov_floor", heads.cell_variance(model.grid))
+    return training.sweep_penalties(model, data, features, penalties, k_max, n_init, n_iter, cov_floor, seed,
+                                    batch_size)

@@ -18,7 +18,9 @@ Scene objects store their centres as ``(x, y)`` = (column, row) in the unit squa
 overlaps.
 
 References:
-    Farinhas, A. (2021). *Multimodal Continuous Visual Attention Mechanisms*, chapter 6.
+    Farinhas, A. (2021). *Visual Attention with Sparse and Continuous Transformations*, chapter 6.
+    Santoro, A. et al. (2017). *A Simple Neural Network Module for Relational Reasoning* (the
+    Sort-of-CLEVR task).
 """
 
 from __future__ import annotations
@@ -271,6 +273,10 @@ def make_batch(
         >>> data = make_batch(2, g, questions_per_scene=3)
         >>> len(data), data.n_scenes, data.images.shape
         (6, 2, torch.Size([2, 3, 56, 56]))
+
+    References:
+        Santoro et al. (2017), *A Simple Neural Network Module for Relational Reasoning* (the
+        Sort-of-CLEVR task).
     """
     for name, v in (("n_scenes", n_scenes), ("questions_per_scene", questions_per_scene), ("canvas", canvas),
                     ("grid", grid), ("chunk", chunk)):
@@ -299,7 +305,7 @@ def make_batch(
 
 
 class SyntheticVQA(torch.utils.data.Dataset):
-    """``n_scenes`` synthetic scenes and their questions, generated once from ``seed`` (see :func:`make_batch`).
+    """``n_scenes`` synthetic scenes and their questions, generated once from ``seed`` by :func:`make_batch`.
 
     ``dataset[i]`` is a dict of the tensors of question ``i`` (with its image); ``dataset.data`` the
     whole :class:`VQABatch`.  Two datasets with the same arguments are equal.
@@ -307,13 +313,16 @@ class SyntheticVQA(torch.utils.data.Dataset):
     Args:
         n_scenes: number of scenes.
         seed: seed of the :class:`torch.Generator`.
-        questions_per_scene, canvas, grid, min_objects, max_objects, noise: as in :func:`make_batch`.
         device: where the tensors live (the generator runs on the CPU, so data are identical on
             every device).
+        **options: the keyword arguments of :func:`make_batch` that shape the scenes and the
+            questions (``questions_per_scene``, ``canvas``, ``grid``, ``min_objects``,
+            ``max_objects``, ``noise``, ``chunk``), with its defaults.
 
     Raises:
-        TypeError, ValueError: as :func:`make_batch`; a ``seed`` that is not an int in
-            ``[-2**63, 2**64 - 1]``; a ``device`` this machine does not have.
+        TypeError, ValueError: as :func:`make_batch` (a keyword it does not take is a
+            ``TypeError``); a ``seed`` that is not an int in ``[-2**63, 2**64 - 1]``; a ``device``
+            this machine does not have.
 
     Example:
         >>> dataset = SyntheticVQA(3, seed=1, questions_per_scene=2)
@@ -321,29 +330,15 @@ class SyntheticVQA(torch.utils.data.Dataset):
         (6, torch.Size([3, 56, 56]))
     """
 
-    def __init__(
-        self,
-        n_scenes: int,
-        seed: int = 0,
-        *,
-        questions_per_scene: int = 10,
-        canvas: int = 56,
-        grid: int = 14,
-        min_objects: int = 4,
-        max_objects: int = 6,
-        noise: float = 0.0,
-        device: torch.device | str | None = None,
-    ):
+    def __init__(self, n_scenes: int, seed: int = 0, *, device: torch.device | str | None = None, **options):
         n_scenes = check_int(n_scenes, "n_scenes")
         seed = checks.seed_arg(seed)
         if device is not None:
             device = check_device(device, "device")
-        g = torch.Generator().manual_seed(seed)
-        self.data = make_batch(n_scenes, g, questions_per_scene=questions_per_scene, canvas=canvas, grid=grid,
-                               min_objects=min_objects, max_objects=max_objects, noise=noise)
+        self.data = make_batch(n_scenes, torch.Generator().manual_seed(seed), **options)
         if device is not None:
             self.data = self.data.to(device)
-        self.seed, self.canvas, self.grid = int(seed), canvas, grid
+        self.seed, self.canvas, self.grid = int(seed), self.data.images.shape[-1], self.data.grid
 
     def __len__(self) -> int:
         return len(self.data)
