@@ -18,7 +18,8 @@ ridge regression (Alg. 1 and eq. (3.17) of Farinhas, 2021).  With
 .. math::
 
     B^\star = \arg\min_B \|BF-H\|_F^2+\eta\|B\|_F^2 = HG,
-    \qquad G = F^\top\big(FF^\top+\eta I_N\big)^{-1}\in\mathbb R^{L\times N}.
+
+    G = F^\top\big(FF^\top+\eta I_N\big)^{-1}\in\mathbb R^{L\times N}.
 
 :math:`G` depends only on the locations, the basis and the ridge penalty :math:`\eta` (written
 :math:`\lambda` by Farinhas (2021); in the book :math:`\lambda` is the threshold of a truncated

@@ -34,19 +34,22 @@ def test_accuracy_claims(results):
     for f in FAMILIES:
         assert r[f"discrete_{f}_min_seed"] > 0.95, f  # every seed, so the mean too
     # "Continuous softmax, continuous sparsemax and the test-time mixture answer shape and left
-    # questions above 95% of the time, but same-shape questions at chance (within 5 points of 50%)"
+    # questions above 90% of the time, but same-shape questions near chance (within 10 points of 50%)"
     for h in SINGLE:
-        assert r[f"{h}_shape_min_seed"] > 0.95 and r[f"{h}_left_min_seed"] > 0.95, h
-        assert abs(r[f"{h}_same_shape_mean"] - 0.5) < 0.05, h
-    # "The 2-component mixture is the best continuous head overall (above 85%)"
+        assert r[f"{h}_shape_min_seed"] > 0.90 and r[f"{h}_left_min_seed"] > 0.90, h
+        assert abs(r[f"{h}_same_shape_mean"] - 0.5) < 0.10, h
+    # "The 2-component mixture is the best continuous head overall (above 90%) and on yes/no
+    # questions (above 90%, in every seed)"
     for h in SINGLE:
         assert r["mixture_overall_mean"] > r[f"{h}_overall_mean"], h
-    assert r["mixture_overall_mean"] > 0.85
-    # "answers same-shape questions well above chance (above 65% on average), but with a large
-    # spread over the seeds (a standard deviation above 5 points)"
-    assert r["mixture_same_shape_mean"] > 0.65 and r["mixture_same_shape_std"] > 0.05
-    # "Its yes/no accuracy stays below the 90% that discrete attention exceeds easily"
-    assert r["mixture_yes_no_mean"] < 0.90 < r["discrete_yes_no_mean"]
+        assert r["mixture_yes_no_mean"] > r[f"{h}_yes_no_mean"], h
+    assert r["mixture_overall_mean"] > 0.90 and r["mixture_yes_no_min_seed"] > 0.90
+    # "it answers same-shape questions above 90% in every seed, within five points of discrete
+    # attention"
+    assert r["mixture_same_shape_min_seed"] > 0.90
+    assert r["discrete_same_shape_mean"] - r["mixture_same_shape_mean"] < 0.05
+    # "It gets there with a longer training than the other heads"
+    assert r["mixture_epochs"] > r["epochs"]
     # "continuous sparsemax counts better than continuous softmax, by more than 10 points"
     assert r["continuous_sparsemax_number_mean"] > r["continuous_softmax_number_mean"] + 0.10
 
@@ -58,10 +61,42 @@ def test_precision_claims(results):
     for h in HEADS:
         assert r[f"{h}_precision_mean"] > r["uniform_precision"], h
     assert r["discrete_precision_mean"] < 0.25
-    # "The test-time mixture ... answers as well as it, within 2 points ... while its attention is
-    # more precise (more than twice as much mass on the relevant objects)"
-    assert abs(r["mixture_selected_overall_mean"] - r["continuous_softmax_overall_mean"]) < 0.02
+    # "The test-time mixture ... answers about as well as it, within 3 points ... while its
+    # attention is more precise (more than twice as much mass on the relevant objects)"
+    assert abs(r["mixture_selected_overall_mean"] - r["continuous_softmax_overall_mean"]) < 0.03
     assert r["mixture_selected_precision_mean"] > 2 * r["continuous_softmax_precision_mean"]
+
+
+def test_learning_curve_claims(results):
+    """The paragraph after the learning curves (same-shape questions, held out, after each epoch)."""
+    r = results("ch4_vqa_attention_maps")
+    accuracy = {h: r[f"{h}_curve_same_shape"] for h in ("discrete", "continuous_softmax", "continuous_sparsemax", "mixture")}
+    precision = {h: r[f"{h}_curve_precision"] for h in accuracy}
+    assert all(len(c) == r["n_seeds"] for c in accuracy.values())
+    assert all(len(c) == r["mixture_epochs"] for c in accuracy["mixture"])
+    # "Discrete attention learns same-shape questions in its second epoch, in every seed, with a
+    # diffuse map: at the end, less than a quarter of its attention is on the two objects"
+    assert all(c[1] > 0.9 for c in accuracy["discrete"])
+    assert all(p[-1] < 0.25 for p in precision["discrete"])
+    # "The single-ellipse heads never learn them (below 70% at every epoch)"
+    for h in ("continuous_softmax", "continuous_sparsemax"):
+        assert max(max(c) for c in accuracy[h]) < 0.70, h
+    # "for six epochs every seed stays below 60%, with less than a fifth of its attention on the
+    # two objects"
+    assert all(max(c[:6]) < 0.60 for c in accuracy["mixture"])
+    assert all(max(p[:6]) < 0.20 for p in precision["mixture"])
+    # "It then leaves the plateau (first above 75%) by its tenth epoch, and its precision jumps with
+    # its accuracy, to more than 40% at the end, the most precise attention of the trained heads"
+    escape = [next(e for e, a in enumerate(c, start=1) if a > 0.75) for c in accuracy["mixture"]]
+    assert max(escape) <= 10, escape
+    assert all(p[-1] > 0.40 for p in precision["mixture"])
+    finals = {h: sum(p[-1] for p in precision[h]) / len(precision[h]) for h in precision}
+    assert max(finals, key=finals.get) == "mixture", finals
+    # "Eight epochs, the whole budget of the other heads, would end no more than a couple of epochs
+    # after the plateau ... so the mixture trains for 16, and every seed ends above 90%"
+    assert r["epochs"] == 8 and r["mixture_epochs"] == 16
+    assert r["epochs"] - min(escape) <= 2, escape
+    assert all(c[-1] > 0.90 for c in accuracy["mixture"])
 
 
 def test_selection_sweep_claims(results):
@@ -87,15 +122,19 @@ def test_page_claims(results):
     r = results("ch4_vqa_attention_maps")
     # "repeated over three seeds"
     assert r["n_seeds"] == 3
-    # "every single-ellipse head ... answers at chance, while discrete attention answers almost all
-    # of them and the two-component mixture recovers part of the gap"
+    # "every single-ellipse head ... answers near chance, while discrete attention and the
+    # two-component mixture answer almost all of them"
     for h in SINGLE:
-        assert abs(r[f"{h}_same_shape_mean"] - 0.5) < 0.05, h
-    assert r["discrete_same_shape_mean"] > 0.95
-    assert max(r[f"{h}_same_shape_mean"] for h in SINGLE) < r["mixture_same_shape_mean"] < r["discrete_same_shape_mean"]
-    # "choosing the number of components at test time leaves the accuracy of the continuous-softmax
-    # model it starts from unchanged"
-    assert abs(r["mixture_selected_overall_mean"] - r["continuous_softmax_overall_mean"]) < 0.02
+        assert abs(r[f"{h}_same_shape_mean"] - 0.5) < 0.10, h
+    assert r["discrete_same_shape_mean"] > 0.95 and r["mixture_same_shape_mean"] > 0.90
+    # "The mixture needs a longer training to get there: its learning curve sits at chance for
+    # several epochs, a plateau that discrete attention leaves in its second epoch"
+    assert r["mixture_epochs"] > r["epochs"]
+    assert all(max(c[:4]) < 0.6 for c in r["mixture_curve_same_shape"])
+    assert all(c[1] > 0.9 for c in r["discrete_curve_same_shape"])
+    # "leaves the accuracy of the continuous-softmax model it starts from nearly unchanged (within
+    # 3 points)"
+    assert abs(r["mixture_selected_overall_mean"] - r["continuous_softmax_overall_mean"]) < 0.03
     # "the share of single-component examples grows with the penalty"
     shares = {float(p): s for p, s in r["k_star_shares"].items()}
     ones = [shares[p][0] for p in sorted(shares)]
