@@ -411,15 +411,15 @@ def read_free_sparsemax(mu, Sigma, basis):
 
 
 def load_commit(commit):
-    """attnopt.continuous (and the _validation it imports) of a git commit, as a temporary package."""
+    """attnopt.continuous of a git commit, with the whole package of that commit (its private engine
+    modules and validation layer) as a temporary package of another name (its imports are relative)."""
     root = Path(__file__).resolve().parent.parent
+    git = lambda *a: subprocess.run(["git", *a], cwd=root, check=True, capture_output=True, text=True).stdout  # noqa: E731
     pkg = Path(tempfile.mkdtemp()) / f"attnopt_{commit[:8]}"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name in ("continuous.py", "_validation.py"):
-        text = subprocess.run(["git", "show", f"{commit}:src/attnopt/{name}"], cwd=root, check=True,
-                              capture_output=True, text=True).stdout
-        (pkg / name).write_text(text)
+    for path in git("ls-tree", "-r", "--name-only", commit, "src/attnopt/").split():
+        if path.endswith(".py") and path.count("/") == 2:  # the package's own modules
+            (pkg / Path(path).name).write_text(git("show", f"{commit}:{path}"))
     sys.path.insert(0, str(pkg.parent))
     return importlib.import_module(f"{pkg.name}.continuous")
 
