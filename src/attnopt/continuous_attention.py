@@ -5,8 +5,8 @@ The pieces of continuous attention (chapters 3--4 of Farinhas, 2021) are in two 
 (:class:`~attnopt.value_functions.GaussianRBF`) and the value function :math:`V_B(t)=B\psi(t)`
 fitted by ridge regression (eq. (3.17)); :mod:`attnopt.continuous` has moment matching (Alg. 2)
 and the expectations :math:`r=\mathbb E_p[\psi(t)]` under continuous softmax and sparsemax
-(eqs. (3.12), (3.14) and (4.10)).  This module assembles them into the attention layer of §3.3 and §6.2.2 of
-Farinhas (2021): discrete scores over locations :math:`t_l` become a density :math:`p` on
+(eqs. (3.12), (3.14) and (4.10)).  This module assembles them into the attention layer of §3.3
+and §6.2.2 of Farinhas (2021): discrete scores over locations :math:`t_l` become a density :math:`p` on
 :math:`\mathbb R^D`, and the context is
 
 .. math::
@@ -302,7 +302,8 @@ class ContinuousAttention(nn.Module):
         family: ``"gaussian"`` (continuous softmax) or ``"truncated_paraboloid"`` (sparsemax).
         penalty: ridge penalty :math:`\eta` (0.01 in Table 6.1 of Farinhas, 2021).
         padding: optional ``(P, D)`` padding locations
-            (:func:`~attnopt.value_functions.padding_locations`), or ``True`` to build them for a square grid of side ``round(L ** (1/D))`` on the unit cube.
+            (:func:`~attnopt.value_functions.padding_locations`), or ``True`` to build them for a
+            square grid of side ``round(L ** (1/D))`` on the unit cube.
         uniform_mix: :math:`\epsilon\in[0,1]`, the weight of the uniform distribution (over the
             locations of finite score) mixed into the softmax before moment matching; it bounds
             the covariance away from 0 (a regularizer; not needed for finiteness, see below).
