@@ -9,7 +9,14 @@ Execution cache (local work only): a notebook whose content, library source and 
 unchanged since its last successful run is not executed again. ``--force`` or ``CI=true`` in the
 environment disables the cache, so CI always executes from scratch.
 
-Usage: python tools/run_notebooks.py [--force] [--only STEM ...] [-p NAME VALUE ...]
+Parallel runs: ``--jobs N`` notebooks run at a time, each in its own worker process and kernel
+(default: one per CPU core, at most 4; ``ATTNOPT_NOTEBOOK_JOBS`` overrides the default). Every
+kernel computes with ONE thread (``OMP_NUM_THREADS=1`` and friends, whatever ``--jobs`` is), so a
+notebook's numbers do not depend on the machine or on how many run beside it, and two kernels do
+not fight over the cores. The longest notebooks start first: the order is the wall times of the
+last runs (``_build/results/_timings.json``), else the rough times in :data:`EXPECTED_SECONDS`.
+
+Usage: python tools/run_notebooks.py [--force] [--jobs N] [--only STEM ...] [-p NAME VALUE ...]
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import sys
@@ -35,6 +44,14 @@ CACHE = BUILD / "cache"
 # Cells with these tags are run but not shown in the rendered book.  The parameters cell is shown:
 # the reader is told to edit it, and the cells below use its names.
 HIDDEN_TAGS = {"injected-parameters", "colab-setup"}
+# One compute thread per kernel: set in the environment the kernels inherit, before torch (or
+# NumPy's BLAS) starts in them.
+ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+# Rough single-thread wall times (s) on the 2-core CI machine, for ordering a fresh build that has
+# no _timings.json yet: the longest start first so that they do not finish last. Notebooks not
+# named here count as short (10 s).
+EXPECTED_SECONDS = {"ch4_vqa_attention_maps": 200, "ch1_fig4_pretrained": 15, "ch2_regularity": 13,
+                    "ch3_two_sided": 13}
 
 
 def library_digest() -> str:
@@ -101,13 +118,91 @@ def execute(nb: Path, parameters: dict, force: bool) -> str:
     return "executed"
 
 
+def run_one(nb: Path, parameters: dict, force: bool) -> tuple[str, float, str | None]:
+    """Execute one notebook (in a worker process): ``(status, seconds, error text or None)``."""
+    start = time.perf_counter()
+    try:
+        status, error = execute(nb, parameters, force), None
+    except Exception as err:  # report every failing notebook, then fail
+        status, error = "FAILED", f"{type(err).__name__}: {err}"
+    return status, time.perf_counter() - start, error
+
+
+def longest_first(notebooks: list[Path], timings: dict) -> list[Path]:
+    """The notebooks, longest (last recorded wall time, else the rough guess) first."""
+    def expected(nb: Path) -> float:
+        recorded = timings.get(nb.stem, {}).get("seconds")
+        return float(recorded) if recorded is not None else float(EXPECTED_SECONDS.get(nb.stem, 10))
+
+    return sorted(notebooks, key=lambda nb: (-expected(nb), nb.name))
+
+
+def default_jobs() -> int:
+    if os.environ.get("ATTNOPT_NOTEBOOK_JOBS"):
+        return max(1, int(os.environ["ATTNOPT_NOTEBOOK_JOBS"]))
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _worker(conn, nb: Path, parameters: dict, force: bool) -> None:
+    try:
+        conn.send(run_one(nb, parameters, force))
+    finally:
+        conn.close()
+
+
+def run_all(notebooks: list[Path], parameters: dict, force: bool, jobs: int) -> tuple[dict, list]:
+    """Run the notebooks in order, ``jobs`` at a time; print each as it ends. ``(results, failures)``.
+
+    Each notebook runs in a forked worker process (it inherits this module's paths and the
+    environment as they are now; nothing is pickled but the result), which starts the kernel.
+    """
+    results, failures = {}, []
+
+    def report(nb, status, seconds, error):
+        results[nb.stem] = (status, seconds)
+        if error is not None:
+            failures.append((nb.name, error))
+        print(f"{nb.name:48s} {status:9s} {seconds:7.1f} s", flush=True)
+
+    if jobs == 1:
+        for nb in notebooks:
+            report(nb, *run_one(nb, parameters, force))
+        return results, failures
+    context = multiprocessing.get_context("fork")
+    pending, running = list(notebooks), {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            nb = pending.pop(0)
+            receive, send = context.Pipe(duplex=False)
+            worker = context.Process(target=_worker, args=(send, nb, parameters, force), daemon=True)
+            worker.start()
+            send.close()
+            running[receive] = (worker, nb, time.perf_counter())
+        for receive in multiprocessing.connection.wait(list(running)):
+            worker, nb, start = running.pop(receive)
+            try:
+                outcome = receive.recv()
+            except EOFError:  # the worker process itself died
+                worker.join()
+                outcome = ("FAILED", time.perf_counter() - start, f"its worker process died (exit code {worker.exitcode})")
+            receive.close()
+            worker.join()
+            report(nb, *outcome)
+    return results, failures
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--force", action="store_true", help="ignore the execution cache")
+    parser.add_argument("--jobs", "-j", type=int, default=None,
+                        help="notebooks run at a time (default: the CPU cores, at most 4)")
     parser.add_argument("--only", nargs="*", default=None, help="notebook stems to run (default: all)")
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"), help="override a parameter (JSON value)")
     args = parser.parse_args(argv)
     force = args.force or os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    if jobs < 1:
+        parser.error("--jobs must be at least 1")
     parameters = {}
     for name, value in args.p:
         try:
@@ -121,29 +216,22 @@ def main(argv=None) -> int:
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     # Progress bars (attnopt.widgets.progress) are for readers running a notebook, not for the book.
     os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.update(ONE_THREAD)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stage_sources()
     notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
     if args.only:
         notebooks = [nb for nb in notebooks if nb.stem in set(args.only)]
-    failures = []
     total = time.perf_counter()
     timings_file = RESULTS / "_timings.json"
     timings = json.loads(timings_file.read_text()) if timings_file.exists() else {}
-    for nb in notebooks:
-        start = time.perf_counter()
-        try:
-            status = execute(nb, parameters, force)
-        except Exception as err:  # report every failing notebook, then fail
-            status = "FAILED"
-            failures.append((nb.name, err))
-        seconds = time.perf_counter() - start
+    results, failures = run_all(longest_first(notebooks, timings), parameters, force, jobs)
+    for stem, (status, seconds) in results.items():
         if status == "executed":  # wall time of the last real execution, for the time budget test
-            timings[nb.stem] = {"seconds": round(seconds, 1), "parameters": parameters}
-        print(f"{nb.name:48s} {status:9s} {seconds:7.1f} s", flush=True)
+            timings[stem] = {"seconds": round(seconds, 1), "parameters": parameters}
     timings_file.write_text(json.dumps(timings, indent=2, sort_keys=True) + "\n")
-    print(f"{len(notebooks)} notebook(s) in {time.perf_counter() - total:.1f} s")
-    for name, err in failures:
+    print(f"{len(notebooks)} notebook(s) in {time.perf_counter() - total:.1f} s ({jobs} at a time, one thread each)")
+    for name, err in sorted(failures):
         print(f"\n--- {name} failed ---\n{err}", file=sys.stderr)
     return 1 if failures else 0
 

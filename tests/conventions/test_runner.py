@@ -1,7 +1,9 @@
-"""The notebook runner: executes into the staging folder, records results, and caches locally only."""
+"""The notebook runner: executes into the staging folder, records results, caches locally only, and runs
+several notebooks at a time, one compute thread each, longest first."""
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,79 @@ def test_notebook_that_records_nothing_fails(runner, tmp_path):
     nb.write_text(text)
     with pytest.raises(RuntimeError, match="recorded no results"):
         runner.execute(nb, {}, force=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Several notebooks at a time, one compute thread each, longest first
+# ------------------------------------------------------------------------------------------------
+
+
+def write_code_notebook(path: Path, code: str) -> None:
+    cells = [
+        {"cell_type": "code", "id": "params", "metadata": {"tags": ["parameters"]}, "source": "seed = 0",
+         "outputs": [], "execution_count": None},
+        {"cell_type": "code", "id": "work", "metadata": {}, "outputs": [], "execution_count": None, "source": code},
+    ]
+    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(nb))
+
+
+def test_longest_notebooks_start_first(runner, tmp_path):
+    names = ["a_short", "b_unknown", "c_long", "ch4_vqa_attention_maps"]
+    notebooks = [tmp_path / f"{name}.ipynb" for name in names]
+    recorded = {"a_short": {"seconds": 2.0, "parameters": {}}, "c_long": {"seconds": 50.0, "parameters": {}}}
+    order = [nb.stem for nb in runner.longest_first(notebooks, recorded)]
+    # no record for the VQA notebook: its rough time (200 s); none for b_unknown: the default, 10 s
+    assert order == ["ch4_vqa_attention_maps", "c_long", "b_unknown", "a_short"]
+    recorded["ch4_vqa_attention_maps"] = {"seconds": 1.0, "parameters": {}}
+    assert [nb.stem for nb in runner.longest_first(notebooks, recorded)][-1] == "ch4_vqa_attention_maps", (
+        "a recorded time wins over the rough guess"
+    )
+
+
+RENDEZVOUS = """
+import os, time, torch
+from pathlib import Path
+from attnopt.book import record
+here, other = Path(os.environ['RENDEZVOUS']) / '{me}', Path(os.environ['RENDEZVOUS']) / '{other}'
+here.touch()
+deadline = time.monotonic() + 120
+while not other.exists():  # only ends when the other notebook runs at the same time
+    assert time.monotonic() < deadline, 'the other notebook never ran beside this one'
+    time.sleep(0.1)
+record('{me}', threads=torch.get_num_threads(), omp=os.environ.get('OMP_NUM_THREADS'), seed=seed)
+"""
+
+
+@pytest.mark.slow
+def test_notebooks_run_side_by_side_with_one_thread_each(runner, tmp_path, monkeypatch, capsys):
+    for name in ("_config.yml", "_toc.yml"):
+        (tmp_path / name).write_text("\n")
+    (tmp_path / "book").mkdir()
+    for me, other in (("left", "right"), ("right", "left")):
+        write_code_notebook(tmp_path / "notebooks" / f"{me}.ipynb", RENDEZVOUS.format(me=me, other=other))
+    write_code_notebook(tmp_path / "notebooks" / "broken.ipynb", "raise ValueError('deliberately broken')")
+    monkeypatch.setenv("RENDEZVOUS", str(tmp_path))
+    for name in ("MPLBACKEND", "TQDM_DISABLE", "ATTNOPT_FIGURES_DIR", *runner.ONE_THREAD):
+        monkeypatch.setenv(name, "4" if name in runner.ONE_THREAD else "")  # restored after the test
+    monkeypatch.delenv("ATTNOPT_NOTEBOOK_JOBS", raising=False)
+
+    assert runner.main(["--jobs", "3"]) == 1, "a failing notebook fails the run"
+    out, err = capsys.readouterr()
+    results = tmp_path / "_build" / "results"
+    for name in ("left", "right"):
+        recorded = json.loads((results / f"{name}.json").read_text())
+        assert recorded["threads"] == 1 and recorded["omp"] == "1", "each kernel computes with one thread"
+        assert re.search(rf"^{name}\.ipynb +executed", out, re.M)
+    assert re.search(r"^broken\.ipynb +FAILED", out, re.M)
+    assert "--- broken.ipynb failed ---" in err and "deliberately broken" in err
+    assert "(3 at a time, one thread each)" in out
+    timings = json.loads((results / "_timings.json").read_text())
+    assert set(timings) == {"left", "right"}, "only real executions are timed"
+
+    # the cache still works: the two good notebooks are not executed again, the broken one is
+    (tmp_path / "notebooks" / "broken.ipynb").unlink()
+    assert runner.main(["--jobs", "2"]) == 0
+    out, _ = capsys.readouterr()
+    assert re.search(r"^left\.ipynb +cached", out, re.M) and re.search(r"^right\.ipynb +cached", out, re.M)
