@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 
+from ._optional import require
 from ._validation import check_number
 
 
 def widgets():
-    """The ``ipywidgets`` module (``ModuleNotFoundError`` when it is not installed)."""
-    import ipywidgets
-
-    return ipywidgets
+    """The ``ipywidgets`` module (an ``ImportError`` naming ``attnopt[notebook]`` without it)."""
+    return require("ipywidgets", "the controls of attnopt.widgets")
 
 
 def style() -> dict:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ._optional import require
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
@@ -369,6 +370,7 @@ def markdown_table(rows, columns=None, *, digits: int = 3):
     Raises:
         TypeError: rows that are neither dicts nor sequences, ``digits`` not an int.
         ValueError: sequence rows without ``columns``, or of another length.
+        ImportError: IPython is not installed (``pip install "attnopt[notebook]"``).
 
     Examples:
         >>> rows = [{"n": 4, "ratio": 2.4817}, {"n": 16, "ratio": 3.8}]
@@ -378,7 +380,7 @@ def markdown_table(rows, columns=None, *, digits: int = 3):
         | 4 | 2.48 |
         | 16 | 3.8 |
     """
-    from IPython.display import Markdown
+    Markdown = require("IPython.display", "attnopt.book.markdown_table").Markdown
 
     digits = check_int(digits, "digits")
     rows = list(rows)

