@@ -1,4 +1,5 @@
-"""The GitHub workflows: valid, building the book with the README's command, testing pull requests
+"""The GitHub workflows: valid, building the book with the README's command, testing pull requests,
+releasing the tested wheel and sdist on a tag,
 with .ci/run, and naming no repository (its address lives in _config.yml only)."""
 
 import re
@@ -66,3 +67,22 @@ def test_no_workflow_names_the_repository():
     owner_repo = re.sub(r"^https://github.com/", "", url)
     for path in WORKFLOWS.glob("*.yml"):
         assert owner_repo not in path.read_text(), f"{path.name} names {owner_repo}: the address lives in _config.yml"
+
+
+def test_a_tag_releases_the_tested_wheel_and_sdist():
+    release = load("release.yml")
+    assert release["on"]["push"]["tags"] == ["v*"]
+    assert release["permissions"]["contents"] == "read", "only the publishing job may write"
+    build = release["jobs"]["build"]["steps"]
+    runs = [s.get("run", "") for s in build]
+    built = next(i for i, run in enumerate(runs) if "tools/build_dist.py dist" in run)
+    tested = next(i for i, run in enumerate(runs) if "ATTNOPT_DIST=dist" in run and "pytest" in run and "tests/package" in run)
+    assert built < tested, "the package tests must run on the files that are released"
+    assert any('"$GITHUB_REF_NAME" = "v$version"' in run for run in runs), "the tag must be the package's version"
+    upload = next(s for s in build if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["with"]["path"].rstrip("/") == "dist"
+    publish = release["jobs"]["publish"]
+    assert publish["needs"] == "build" and publish["permissions"]["contents"] == "write"
+    script = " ".join(s.get("run", "") for s in publish["steps"])
+    assert "gh release create" in script and "gh release upload" in script
+    assert script.count("dist/*.whl dist/*.tar.gz") == 2, "both files are attached to the release"
