@@ -1,6 +1,6 @@
-"""The GitHub workflows: valid, building the book with the README's command, testing pull requests,
-releasing the tested wheel and sdist on a tag,
-with .ci/run, and naming no repository (its address lives in _config.yml only)."""
+"""The GitHub workflows: valid, building the book with the README's command, testing pull requests
+with .ci/run, releasing the tested wheel and sdist on a tag, and naming no repository (its address
+lives in _config.yml only)."""
 
 import re
 import shutil
