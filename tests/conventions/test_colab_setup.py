@@ -1,13 +1,16 @@
 """The Colab set-up cell, the first cell of every notebook.
 
 ``tools/set_repository.py`` writes it from ``_config.yml`` (the repository and the release) and
-``requirements.txt`` (the pins of optional packages); it installs the library at that release,
-keeps Colab's own PyTorch, says what it does, and does nothing outside Colab.  The last test runs
-it as Colab would: in a fresh virtual environment that sees this machine's packages as Colab sees
-its preinstalled ones (torch, NumPy, Matplotlib, IPython ...) but not attnopt, with a stand-in
-``google.colab`` module, git redirecting the repository's GitHub address to a throwaway repository
-of this checkout tagged with the release, and pip forbidden the network.  pip then builds a wheel
-of this checkout's library and installs it, and the notebook's first cells run on it.
+``requirements.txt`` (the pins of optional packages); it installs the library at that release
+(the wheel attached to the GitHub release of the tag, which the release workflow builds and
+tests), keeps Colab's own PyTorch, says what it does, and does nothing outside Colab.  The last
+test runs it as Colab would: in a fresh virtual environment that sees this machine's packages as
+Colab sees its preinstalled ones (torch, NumPy, Matplotlib, IPython ...) but not attnopt, with a
+stand-in ``google.colab`` module and pip forbidden the network; the release's download address
+is replaced by a local folder holding the wheel of this checkout, built as the release workflow
+builds it (tools/build_dist.py).  pip installs it, and the notebook's first cells run on it.  (A
+development build names a commit instead of a tag; then git redirects the repository's address
+to a throwaway repository of this checkout.)
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 _spec = importlib.util.spec_from_file_location("set_repository", ROOT / "tools" / "set_repository.py")
 set_repository = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(set_repository)
+_spec = importlib.util.spec_from_file_location("build_dist", ROOT / "tools" / "build_dist.py")
+build_dist = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_dist)
 
 CONFIG = (ROOT / "_config.yml").read_text()
 URL, BRANCH = set_repository.config_repository(CONFIG)
@@ -57,7 +63,12 @@ def test_the_release_is_this_checkouts_version():
         assert RELEASE == f"v{version}" == f"v{attnopt.__version__}", (
             f"_config.yml installs {RELEASE} but this checkout is attnopt {version}: bump one of them"
         )
-    assert f"@{RELEASE}" in first_cell(NOTEBOOKS[0]) and URL in first_cell(NOTEBOOKS[0])
+    cell = first_cell(NOTEBOOKS[0])
+    assert URL in cell
+    if RELEASE.startswith("v"):
+        assert f'release = "{RELEASE}"' in cell and f'wheel = "attnopt-{version}-py3-none-any.whl"' in cell
+    else:
+        assert f'commit = "{RELEASE}"' in cell
 
 
 def test_the_minilm_notebook_pins_its_weights():
@@ -91,7 +102,11 @@ def test_the_cell_in_colab_installs_the_release_and_keeps_torch(monkeypatch, cap
     assert len(calls) == 1
     args, kwargs = calls[0]
     assert args[:5] == [sys.executable, "-m", "pip", "install", "--quiet"] and kwargs == {"check": True}
-    assert args[5:] == [f"attnopt @ git+{URL}@{RELEASE}", f"torch=={version('torch')}"]
+    if RELEASE.startswith("v"):
+        attnopt = f"attnopt @ {URL}/releases/download/{RELEASE}/attnopt-{RELEASE[1:]}-py3-none-any.whl"
+    else:
+        attnopt = f"attnopt @ git+{URL}@{RELEASE}"
+    assert args[5:] == [attnopt, f"torch=={version('torch')}"]
     out = capsys.readouterr().out
     assert "Installing attnopt @" in out and f"torch {version('torch')} kept" in out
 
@@ -110,8 +125,14 @@ def test_set_repository_round_trip(tmp_path, monkeypatch):
         before, after = json.loads(path.read_text()), json.loads((tmp_path / "notebooks" / path.name).read_text())
         assert before["cells"][1:] == after["cells"][1:] and before["metadata"] == after["metadata"]
         cell = set_repository.source(after["cells"][0])
-        assert 'repository = "https://github.com/someone/fork"' in cell and "@v9.9.9" in cell
+        assert 'repository = "https://github.com/someone/fork"' in cell and 'release = "v9.9.9"' in cell
+        assert 'wheel = "attnopt-9.9.9-py3-none-any.whl"' in cell
+        assert "{repository}/releases/download/{release}/{wheel}" in cell
     assert set_repository.main(["--check"]) == 0
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    assert set_repository.main(["--release", commit]) == 0, "a development build names a commit"
+    cell = set_repository.source(json.loads((tmp_path / "notebooks" / NOTEBOOKS[0].name).read_text())["cells"][0])
+    assert f'commit = "{commit}"' in cell and "git+{repository}@{commit}" in cell
     with pytest.raises(SystemExit):
         set_repository.main(["--release", "latest"])
 
@@ -171,7 +192,7 @@ def _repository_of_this_checkout(repo: Path, release: str) -> str:
 
 
 def test_the_cell_installs_attnopt_in_a_fresh_colab_like_environment(tmp_path):
-    if shutil.which("git") is None:
+    if not RELEASE.startswith("v") and shutil.which("git") is None:
         pytest.skip("git is needed to stand in for GitHub")
     farm, venv = tmp_path / "preinstalled", tmp_path / "colab"
     _preinstalled(farm)
@@ -181,13 +202,21 @@ def test_the_cell_installs_attnopt_in_a_fresh_colab_like_environment(tmp_path):
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     (Path(site) / "colab_preinstalled.pth").write_text(f"{farm}\n")
-    ref = _repository_of_this_checkout(tmp_path / "repo", RELEASE)
     gitconfig = tmp_path / "gitconfig"
-    gitconfig.write_text(f'[url "file://{tmp_path / "repo"}"]\n\tinsteadOf = {URL}\n')
-
     nb = json.loads((ROOT / "notebooks" / f"{FIRST_CELLS_OF}.ipynb").read_text())
     code = [set_repository.source(c) for c in nb["cells"] if c["cell_type"] == "code"][:N_FIRST_CELLS]
-    code[0] = code[0].replace(f"@{RELEASE}", f"@{ref}")  # the same commit, when the release is one
+    if RELEASE.startswith("v"):
+        # the release's asset, as the release workflow builds it, from a local folder
+        wheel, _ = build_dist.build(tmp_path / "dist")
+        assert wheel.name == set_repository.wheel_name(RELEASE)
+        download = "{repository}/releases/download/{release}/{wheel}"
+        assert download in code[0]
+        code[0] = code[0].replace(download, f"file://{wheel.parent}/{{wheel}}")
+        gitconfig.write_text("")
+    else:
+        ref = _repository_of_this_checkout(tmp_path / "repo", RELEASE)
+        gitconfig.write_text(f'[url "file://{tmp_path / "repo"}"]\n\tinsteadOf = {URL}\n')
+        code[0] = code[0].replace(f'"{RELEASE}"', f'"{ref}"')  # the same commit
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
