@@ -163,7 +163,26 @@ def require(condition: torch.Tensor, message: str, *, error: type[Exception] = V
         if not bool(condition):
             raise error(message)
         return
-    torch._assert_async(condition, message)
+    torch._assert_async(condition, device_message(message))
+
+
+#: CUDA's device-side assertion refuses a message of 255 bytes or more (a ``RuntimeError`` at the
+#: call, on CUDA only: the CPU accepts any length), so longer messages are cut to fit.
+DEVICE_MESSAGE_BYTES = 254
+
+
+def device_message(message: str) -> str:
+    """``message`` cut to at most :data:`DEVICE_MESSAGE_BYTES` UTF-8 bytes for ``torch._assert_async``.
+
+    The start of a message names the argument and what was expected, so the end is what goes,
+    replaced by an ellipsis; a message that fits is returned unchanged.
+    """
+    encoded = message.encode()
+    if len(encoded) <= DEVICE_MESSAGE_BYTES:
+        return message
+    ellipsis = " ..."
+    head = encoded[: DEVICE_MESSAGE_BYTES - len(ellipsis)].decode(errors="ignore")
+    return head + ellipsis
 
 
 def all_finite(x: torch.Tensor) -> torch.Tensor:

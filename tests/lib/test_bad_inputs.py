@@ -169,3 +169,18 @@ def test_edge_tables_and_figures(tmp_path, monkeypatch):
     monkeypatch.setenv(book.FIGURES_ENV, str(tmp_path))
     path = book.save_figure(_figure(), "ch0-demo")
     assert path == tmp_path / "ch0-demo.png" and path.is_file()
+
+
+def test_device_messages_fit_cuda():
+    """A failed check in mode "async" is a CUDA device assertion, whose message must be under 255
+    bytes: the long overflow message of softmatch_kernel used to raise at the call on a GPU."""
+    from attnopt._validation import DEVICE_MESSAGE_BYTES, device_message, require
+
+    long = "argument 'scores' " + "é" * 300
+    cut = device_message(long)
+    assert len(cut.encode()) <= DEVICE_MESSAGE_BYTES and cut.startswith("argument 'scores' ")
+    assert device_message("short") == "short"
+    with attnopt.checks("async"):
+        require(torch.tensor(True), long)  # through the CUDA-like _assert_async of conftest
+        q = torch.randn(3, 4, dtype=torch.float64)
+        attnopt.kernels.softmatch_kernel(q, attnopt.kernels.EmpiricalMeasure(torch.randn(5, 4, dtype=torch.float64)))
