@@ -24,3 +24,10 @@ def symmetric_part(x: torch.Tensor) -> torch.Tensor:
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype to compute in: float32 for half precisions (erf/erfc/cholesky are missing or too coarse there)."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class ConvergenceWarning(RuntimeWarning):
+    """An iterative solver stopped at its iteration limit before reaching its stated tolerance.
+
+    The message names the error reached; the result is returned all the same.
+    """
