@@ -23,8 +23,7 @@ from typing import NamedTuple
 
 import torch
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
-
+from ._numerics import differentiable_once
 from ._transforms_thresholds import safe_max
 
 #: Iterations between two tests of the marginal error in the tolerance mode (each test is one host
@@ -134,10 +133,11 @@ class SinkhornUnrolledFunction(Function):
         kernels = [k for k, _ in record]
         ctx.steps = [steps for _, steps in record]  # vectors only: small
         ctx.save_for_backward(a, b, *kernels)
+        ctx.graph_inputs = (M, f0)  # where a second derivative is refused (differentiable_once)
         return plan
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_plan):
         a, b, *kernels = ctx.saved_tensors
         tiny = torch.finfo(a.dtype).tiny
@@ -189,17 +189,18 @@ class SinkhornImplicitFunction(Function):
     """The attention :math:`W=P/a` of :func:`sinkhorn_plan` with the implicit gradient at its fixed point.
 
     Differentiable once: the backward pass treats the saved plan as a constant, so a second
-    derivative through it would be wrong, and ``once_differentiable`` refuses it.
+    derivative through it would be wrong: it raises ``RuntimeError`` (:func:`differentiable_once`).
     """
 
     @staticmethod
     def forward(ctx, M, a, b, n_iter, absorb_every, tol, info):
         plan = sinkhorn_plan(M, a, b, n_iter, absorb_every, tol=tol, info=info)
         ctx.save_for_backward(plan, a, b)
+        ctx.graph_inputs = (M,)
         return rows_to_attention(plan, a)
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_out):
         # Implicit differentiation of the marginal constraints P 1 = a, P^T 1 = b at the fixed
         # point P = exp(M + f (+) g).  With G = dL/dP, r = (G*P) 1, c = (G*P)^T 1, the adjoint
