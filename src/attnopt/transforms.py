@@ -572,7 +572,8 @@ def sinkhorn_attention(scores: torch.Tensor, eps: float = 1.0, n_iter: int = 100
 
     * By default (``tol=1e-5``) the iterations stop once :math:`e(P)\le` ``tol`` for every problem
       of the batch, tested every 10 iterations (one host read each); if ``n_iter`` iterations do
-      not get there, a :class:`attnopt.ConvergenceWarning` names the error reached.  The number
+      not get there, a warning (``attnopt.ConvergenceWarning``, a ``RuntimeWarning``) names
+      the error reached.  The number
       needed grows as :math:`\varepsilon` shrinks relative to the range of the scores: on
       standard-normal scores, 10 or fewer iterations at :math:`\varepsilon=1`, about a thousand at
       :math:`\varepsilon=0.1` (chapter 3's Sinkhorn page tabulates it).
@@ -609,9 +610,6 @@ def sinkhorn_attention(scores: torch.Tensor, eps: float = 1.0, n_iter: int = 100
         TypeError: ``scores`` not floating, masks not boolean tensors.
         ValueError: NaN or ``+inf`` scores, ``eps <= 0``, ``tol <= 0``, ``n_iter < 1``, unknown
             ``grad``, masks that do not fit.
-
-    Warns:
-        attnopt.ConvergenceWarning: ``tol`` given and not reached in ``n_iter`` iterations.
 
     Examples:
         A square :math:`W` is doubly stochastic to the tolerance:
