@@ -55,8 +55,9 @@ book: html
 	@echo "The book is at $(abspath $(HTML))/index.html"
 
 test: $(STAMP)
-	# tests/package: the wheel and sdist built offline, installed outside the checkout with the core only
-	$(BIN)/python -m pytest tests/lib tests/conventions tests/assignments tests/lab tests/package
+	# tests/peers: entmax's and POT's own tests run against attnopt; tests/package: the wheel and
+	# sdist built offline, installed outside the checkout with the core only
+	$(BIN)/python -m pytest tests/lib tests/peers tests/conventions tests/assignments tests/lab tests/package
 	# the GPU parity tests skip without CUDA: run them CPU-against-CPU so that their code stays current
 	ATTNOPT_PARITY_DEVICE=cpu $(BIN)/python -m pytest -q tests/lib/test_device_parity.py
 	$(BIN)/python -m pytest --doctest-modules src/attnopt

@@ -4,12 +4,14 @@ The library under the course book *Attention as Optimization*.  Each module is o
 attention mechanism as the solution of an optimization problem; see the book's API reference.
 """
 
+from ._numerics import ConvergenceWarning
 from ._validation import checks, get_checks, set_checks
 from .attention import attention_scores, attention_weights, scaled_dot_product_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConvergenceWarning",
     "attention_scores",
     "attention_weights",
     "checks",

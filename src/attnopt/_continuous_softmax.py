@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from ._numerics import symmetric_part
+from ._numerics import differentiable_once, symmetric_part
 
 
 def chol_inverse(L: torch.Tensor) -> torch.Tensor:
@@ -39,10 +38,11 @@ class ContinuousSoftmaxFn(torch.autograd.Function):
         quad = (diff * w).sum(-1)
         r = torch.exp(-0.5 * quad - half_logdet - 0.5 * d * math.log(2 * math.pi))  # eq. (4.10)
         ctx.save_for_backward(S_inv, w, r)
+        ctx.graph_inputs = (mu, Sigma, centers, cov)  # a second derivative raises (differentiable_once)
         return r
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_r):
         S_inv, w, r = ctx.saved_tensors
         # r_j = N(mu; mu_j, S_j), S_j = Sigma + Sigma_j: dr_j/dmu = -r_j w_j and

@@ -50,7 +50,6 @@ import warnings
 from typing import NamedTuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ._continuous_quadrature import (
     BALL_Z,
@@ -80,7 +79,7 @@ from ._continuous_slices import (
     slice_setup_1d,
     slice_setup_2d,
 )
-from ._numerics import symmetric_part
+from ._numerics import differentiable_once, symmetric_part
 from ._validation import host_reads_allowed
 
 
@@ -343,10 +342,11 @@ class ContinuousSparsemaxFn(torch.autograd.Function):
                     stacklevel=4,
                 )
         ctx.save_for_backward(mu, *saved.flat())
+        ctx.graph_inputs = (mu, S, M, centers, cov)  # a second derivative raises (differentiable_once)
         return r
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_r):
         mu, *saved = ctx.saved_tensors
         grad_mu, grad_S = sparsemax_grads(grad_r, mu, SavedMoments.from_flat(saved))

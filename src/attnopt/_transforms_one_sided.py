@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 from torch.autograd import Function
-
+from ._numerics import differentiable_once
 from ._transforms_thresholds import entmax_vjp
 
 
@@ -86,7 +86,11 @@ def solve_one_sided(cost: torch.Tensor, eps: float, grad_omega: Callable, active
 
 
 class OneSidedEOTFunction(Function):
-    """:func:`solve_one_sided` with the gradient of the implicit function theorem on its KKT system."""
+    r""":func:`solve_one_sided` with the gradient of the implicit function theorem on its KKT system.
+
+    Differentiable once: the backward pass differentiates :math:`\Omega'` at a detached copy of
+    the solution, so a second derivative through it would be wrong: it raises ``RuntimeError``.
+    """
 
     @staticmethod
     def forward(ctx, cost, eps, grad_omega, active, n_iter):
@@ -94,9 +98,11 @@ class OneSidedEOTFunction(Function):
         ctx.eps = eps
         ctx.grad_omega = grad_omega
         ctx.save_for_backward(p)
+        ctx.graph_inputs = (cost,)
         return p
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
         # Implicit function theorem on the KKT system: dp/dC = -(diag(h) - h h^T / sum h) / eps

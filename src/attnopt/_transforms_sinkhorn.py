@@ -1,12 +1,14 @@
 r"""The engine of :func:`attnopt.transforms.sinkhorn_attention`: stabilized Sinkhorn iterations and their gradients.
 
 The two-sided entropic transport plan :math:`P=\operatorname{diag}(e^f)\,e^M\operatorname{diag}(e^g)`,
-:math:`M=s/\varepsilon`, is computed by a fixed number of Sinkhorn iterations in the log domain,
-with the scalings absorbed into the potentials :math:`f,g` every few iterations
-(:func:`sinkhorn_plan`): no host synchronisation and no data-dependent branch.  Its gradient is
-either the exact gradient of the iterations, run backwards by hand
+:math:`M=s/\varepsilon`, is computed by Sinkhorn iterations in the log domain, with the scalings
+absorbed into the potentials :math:`f,g` every few iterations (:func:`sinkhorn_plan`).  Either a
+fixed number of them (no host synchronisation, no data-dependent branch), or until the column
+marginal error of the plan is below a tolerance, tested every ``CHECK_EVERY`` iterations (one host
+read per test).  Its gradient is either the exact gradient of the iterations, run backwards by hand
 (:class:`SinkhornUnrolledFunction`), or the implicit gradient at the fixed point
-(:class:`SinkhornImplicitFunction`).
+(:class:`SinkhornImplicitFunction`).  Without a gradient to compute, :func:`sinkhorn_attention`
+calls :func:`sinkhorn_plan` directly, which keeps no kernel but the current one.
 
 References:
     Cuturi (2013), *Sinkhorn Distances: Lightspeed Computation of Optimal Transport*, Alg. 1.
@@ -17,11 +19,37 @@ References:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
-
+from ._numerics import differentiable_once
 from ._transforms_thresholds import safe_max
+
+#: Iterations between two tests of the marginal error in the tolerance mode (each test is one host
+#: read on a GPU, and one extra product with the kernel).
+CHECK_EVERY = 10
+
+
+class SinkhornResult(NamedTuple):
+    r"""What :func:`attnopt.transforms.sinkhorn_attention` returns with ``return_info=True``.
+
+    Attributes:
+        weights: the attention weights :math:`W`, shaped like the scores, in their dtype.
+        marginal_error: ``(...)``, the column marginal error of the returned plan
+            :math:`P_{ij}=a_iW_{ij}`, :math:`\sum_j |\sum_i P_{ij} - b_j|` (its rows are exact), in
+            the working dtype (float32 for half-precision scores).
+        n_iter: the number of Sinkhorn iterations run (the same for the whole batch).
+    """
+
+    weights: torch.Tensor
+    marginal_error: torch.Tensor
+    n_iter: int
+
+
+def column_error(plan: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    r"""The column marginal error :math:`\sum_j |\sum_i P_{ij} - b_j|` of each plan, ``(...)``."""
+    return (plan.sum(dim=-2) - b).abs().sum(dim=-1)
 
 
 def masked_log(x: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
@@ -30,18 +58,24 @@ def masked_log(x: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     return torch.log(torch.where(live, x, torch.ones_like(x)))
 
 
-def sinkhorn_plan(M, a, b, n_iter, absorb_every, f0=None, record=None):
+def sinkhorn_plan(M, a, b, n_iter, absorb_every, f0=None, record=None, tol=None, info=None):
     r"""Log-stabilized Sinkhorn iterations for :math:`P = \mathrm{diag}(e^f) e^{M} \mathrm{diag}(e^g)`.
 
     The potentials :math:`f, g` live in the log domain.  Every ``absorb_every`` iterations the
     current scalings are absorbed into them and the kernel :math:`\tilde K = e^{M+f\oplus g}` (whose
     entries are at most about 1, being an approximate plan) is re-exponentiated; in between, the
     updates :math:`v = b / \tilde K^\top u`, :math:`u = a/\tilde K v` are matrix-vector products.
-    With ``absorb_every=1`` this is the plain log-domain (log-sum-exp) iteration.  The schedule
-    depends only on the iteration counter: no host synchronization, no data-dependent branches.
-    Each iteration ends with the row update, so rows match ``a`` exactly.  ``f0`` is the initial
-    row potential (default :math:`-\max_j M_{ij}`); ``record``, a list, receives per segment the
-    kernel and the iterates that :class:`SinkhornUnrolledFunction` needs to run them backwards.
+    With ``absorb_every=1`` this is the plain log-domain (log-sum-exp) iteration.  Each iteration
+    ends with the row update, so rows match ``a`` exactly.
+
+    With ``tol=None`` exactly ``n_iter`` iterations run, on a schedule that depends only on the
+    iteration counter: no host synchronization, no data-dependent branch.  With a number ``tol``,
+    after every ``CHECK_EVERY``-th iteration the column error :func:`column_error` of the current
+    plan (largest over the batch) is read and the iterations stop once it is at most ``tol``; at
+    most ``n_iter`` run.  ``f0`` is the initial row potential (default :math:`-\max_j M_{ij}`);
+    ``record``, a list, receives per segment the kernel and the iterates that
+    :class:`SinkhornUnrolledFunction` needs to run them backwards (without it only the current
+    kernel is alive); ``info``, a list, receives the number of iterations run.
     """
     tiny = torch.finfo(M.dtype).tiny
     row_live, col_live = a > 0, b > 0
@@ -50,6 +84,7 @@ def sinkhorn_plan(M, a, b, n_iter, absorb_every, f0=None, record=None):
     u = torch.ones_like(a)
     v = torch.ones_like(b)
     kernel = None
+    done = 0
     for t in range(n_iter):
         if t % absorb_every == 0:
             if kernel is not None:
@@ -66,6 +101,13 @@ def sinkhorn_plan(M, a, b, n_iter, absorb_every, f0=None, record=None):
         u = torch.where(row_live, a / row.clamp(min=tiny), torch.zeros_like(a))
         if record is not None:
             record[-1][1].append((u_prev, col, v, row, u))
+        done = t + 1
+        if tol is not None and done % CHECK_EVERY == 0 and done < n_iter:
+            cols = torch.matmul(u.unsqueeze(-2), kernel).squeeze(-2) * v  # the plan's column sums
+            if float((cols - b).abs().sum(dim=-1).max()) <= tol:  # the one host read of a test
+                break
+    if info is not None:
+        info.append(done)
     return u.unsqueeze(-1) * kernel * v.unsqueeze(-2)
 
 
@@ -85,16 +127,17 @@ class SinkhornUnrolledFunction(Function):
     """
 
     @staticmethod
-    def forward(ctx, M, f0, a, b, n_iter, absorb_every):
+    def forward(ctx, M, f0, a, b, n_iter, absorb_every, tol, info):
         record = []
-        plan = sinkhorn_plan(M, a, b, n_iter, absorb_every, f0=f0, record=record)
+        plan = sinkhorn_plan(M, a, b, n_iter, absorb_every, f0=f0, record=record, tol=tol, info=info)
         kernels = [k for k, _ in record]
         ctx.steps = [steps for _, steps in record]  # vectors only: small
         ctx.save_for_backward(a, b, *kernels)
+        ctx.graph_inputs = (M, f0)  # where a second derivative is refused (differentiable_once)
         return plan
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_plan):
         a, b, *kernels = ctx.saved_tensors
         tiny = torch.finfo(a.dtype).tiny
@@ -133,7 +176,7 @@ class SinkhornUnrolledFunction(Function):
                 _, _, v_last, _, u_last = ctx.steps[s - 1][-1]
                 du = torch.where(row_live, df / torch.where(row_live, u_last, torch.ones_like(u_last)), zero_a)
                 dv = torch.where(col_live, dg / torch.where(col_live, v_last, torch.ones_like(v_last)), zero_b)
-        return grad_M, df, None, None, None, None
+        return grad_M, df, None, None, None, None, None, None
 
 
 def rows_to_attention(plan: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -143,13 +186,21 @@ def rows_to_attention(plan: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 
 
 class SinkhornImplicitFunction(Function):
+    """The attention :math:`W=P/a` of :func:`sinkhorn_plan` with the implicit gradient at its fixed point.
+
+    Differentiable once: the backward pass treats the saved plan as a constant, so a second
+    derivative through it would be wrong: it raises ``RuntimeError`` (:func:`differentiable_once`).
+    """
+
     @staticmethod
-    def forward(ctx, M, a, b, n_iter, absorb_every):
-        plan = sinkhorn_plan(M, a, b, n_iter, absorb_every)
+    def forward(ctx, M, a, b, n_iter, absorb_every, tol, info):
+        plan = sinkhorn_plan(M, a, b, n_iter, absorb_every, tol=tol, info=info)
         ctx.save_for_backward(plan, a, b)
+        ctx.graph_inputs = (M,)
         return rows_to_attention(plan, a)
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, grad_out):
         # Implicit differentiation of the marginal constraints P 1 = a, P^T 1 = b at the fixed
         # point P = exp(M + f (+) g).  With G = dL/dP, r = (G*P) 1, c = (G*P)^T 1, the adjoint
@@ -172,4 +223,4 @@ class SinkhornImplicitFunction(Function):
         y = torch.linalg.solve_ex(schur, rhs.unsqueeze(-1))[0].squeeze(-1)
         x = torch.where(row_live, (r - (plan @ y.unsqueeze(-1)).squeeze(-1)) / a_safe, torch.zeros_like(a))
         grad_M = plan * (G - x.unsqueeze(-1) - y.unsqueeze(-2))
-        return grad_M, None, None, None, None
+        return grad_M, None, None, None, None, None, None

@@ -153,6 +153,18 @@ def test_ch3_two_sided(results):
     # sinkhorn.md, the figure's alt text: "The curve for epsilon 1 reaches 1e-6 within ten iterations,
     # the one for 0.1 only after several hundred"
     assert its["1.0"] <= 10 and 200 <= its["0.1"] < 1000
+    # sinkhorn.md, where the default (tol = 1e-5, n_iter = 1000) converges: "at most 10 iterations
+    # when epsilon is a tenth of the range or more, fewer than 100 at a thirtieth; at a hundredth,
+    # between a few hundred and a few thousand, so that the default solves some problems and warns
+    # on the others; at three thousandths, more than ten thousand."
+    assert r["default_tol"] == 1e-5 and r["default_max_iter"] == 1000
+    regime = r["regime_iterations"]
+    assert set(regime) == {"1.0", "0.1", "0.03", "0.01", "0.003"} and all(len(v) == 4 for v in regime.values())
+    assert all(c is not None and c <= 10 for ratio in ("1.0", "0.1") for c in regime[ratio])
+    assert all(c is not None and c < 100 for c in regime["0.03"])
+    hundredth = regime["0.01"]
+    assert all(c is not None for c in hundredth) and 100 <= min(hundredth) < 1000 < max(hundredth) < 10_000
+    assert all(c is None or c > 10_000 for c in regime["0.003"]) and r["regime_cap"] > 10_000
     # "The measured asymptotic rate matches sigma_2^2 to within 0.1% at every epsilon"
     assert r["rate_agreement"] < 1e-3
     for e in eps:

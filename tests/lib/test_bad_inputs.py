@@ -42,6 +42,7 @@ HERE = Path(__file__).parent
 NOTHING_TO_VALIDATE = {
     "book.in_colab": "takes no argument",
     "plotting.use_book_style": "takes no argument",
+    "transforms.SinkhornResult": "a result container (NamedTuple) built by sinkhorn_attention",
     "mixture.WeightedEMResult": "a result container (NamedTuple) built by weighted_em",
     "mixture.MixtureSelection": "a result container (NamedTuple) built by select_components",
     "vqa.AttentionOutput": "a result container built by the model's heads",

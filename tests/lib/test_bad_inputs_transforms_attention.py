@@ -95,6 +95,9 @@ BAD = [
     (lambda: T.sinkhorn_attention(x2, key_mask=torch.ones(5, dtype=torch.bool)), ValueError, "key_mask"),
     (lambda: T.sinkhorn_attention(x2, query_mask=torch.ones(2, 3, dtype=torch.bool)), ValueError, "query_mask"),
     (lambda: T.sinkhorn_attention(x2, n_iter=0), ValueError, "n_iter"),
+    (lambda: T.sinkhorn_attention(x2, tol=0.0), ValueError, "tol"),
+    (lambda: T.sinkhorn_attention(x2, tol="1e-5"), TypeError, "tol"),
+    (lambda: T.sinkhorn_attention(x2, return_info=1), TypeError, "return_info"),
     # attention
     (lambda: attnopt.attention_scores(torch.randn(2, 3), torch.randn(4, 3, dtype=torch.float64)), TypeError, "key"),
     (lambda: attnopt.attention_scores(torch.randn(2, 3), torch.randn(4, 5)), ValueError, "key"),
@@ -183,7 +186,7 @@ def test_small_temperature_on_large_scores_is_the_argmax_limit():
 @pytest.mark.parametrize("eps", [1e-40, 1e-20, 1e-6, 1e-3])
 def test_sinkhorn_small_eps_rows_sum_to_one_and_gradients_finite(dtype, grad, eps):
     s = rand(2, 5, 4, seed=3, dtype=dtype).requires_grad_(True)
-    W = T.sinkhorn_attention(s, eps=eps, grad=grad)
+    W = T.sinkhorn_attention(s, eps=eps, n_iter=20, tol=None, grad=grad)
     torch.testing.assert_close(W.sum(-1), torch.ones(2, 5, dtype=dtype))
     assert ((W >= 0) & (W <= 1 + 4 * torch.finfo(dtype).eps)).all()  # in [0, 1] up to rounding
     (g,) = torch.autograd.grad((W * rand(2, 5, 4, seed=4, dtype=dtype)).sum(), s)
@@ -252,7 +255,7 @@ META_CALLS = {
     "sparsemax": lambda s: T.sparsemax(s),
     "entmax15": lambda s: T.entmax15(s),
     "entmax": lambda s: T.entmax(s, 1.7),
-    "sinkhorn": lambda s: T.sinkhorn_attention(s, n_iter=3),
+    "sinkhorn": lambda s: T.sinkhorn_attention(s, n_iter=3),  # tol: no test on meta
     "attention_weights": lambda s: attnopt.attention_weights(s),
     "sdpa": lambda s: attnopt.scaled_dot_product_attention(s, s, s)[0],
 }
@@ -280,10 +283,10 @@ def _fwd_bwd(f, s):
 
 HOT = dict(MAPS)
 HOT.update({
-    "sinkhorn_unrolled": lambda s: T.sinkhorn_attention(s, eps=0.5, n_iter=12),
-    "sinkhorn_implicit": lambda s: T.sinkhorn_attention(s, eps=0.5, n_iter=12, grad="implicit"),
+    "sinkhorn_unrolled": lambda s: T.sinkhorn_attention(s, eps=0.5, n_iter=12, tol=None),
+    "sinkhorn_implicit": lambda s: T.sinkhorn_attention(s, eps=0.5, n_iter=12, tol=None, grad="implicit"),
     "sinkhorn_masks": lambda s: T.sinkhorn_attention(
-        s, key_mask=torch.tensor([True] * 5 + [False]), query_mask=torch.tensor([True] * 4 + [False])),
+        s, tol=None, key_mask=torch.tensor([True] * 5 + [False]), query_mask=torch.tensor([True] * 4 + [False])),
     "sdpa": lambda s: attnopt.scaled_dot_product_attention(
         s, s, s, mask=torch.ones(5, 5, dtype=torch.bool).tril(), bias=torch.zeros(5, 5, dtype=s.dtype)),
 })

@@ -301,7 +301,7 @@ def uniform(n, dtype=torch.float64):
 def test_sinkhorn_matches_pot(absorb_every):
     s = rand(3, 6, 6, seed=16, scale=2.0)
     km = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 0, 1, 1, 1, 1]], dtype=torch.bool)
-    W = T.sinkhorn_attention(s, 0.5, 400, key_mask=km, absorb_every=absorb_every)
+    W = T.sinkhorn_attention(s, 0.5, 400, tol=None, key_mask=km, absorb_every=absorb_every)
     for b in range(3):
         keep = km[b]
         P = ot.sinkhorn(uniform(6), uniform(int(keep.sum())), -s[b][:, keep], 0.5, numItermax=20_000, stopThr=1e-15)
@@ -311,10 +311,10 @@ def test_sinkhorn_matches_pot(absorb_every):
 
 def test_sinkhorn_is_doubly_stochastic_and_batched():
     s = rand(2, 4, 8, 8, seed=17, scale=3.0)
-    W = T.sinkhorn_attention(s, 1.0, 300)
+    W = T.sinkhorn_attention(s, 1.0, 300, tol=None)
     ones = torch.ones(2, 4, 8, dtype=s.dtype)
     assert torch.allclose(W.sum(-1), ones, atol=1e-12) and torch.allclose(W.sum(-2), ones, atol=1e-8)
-    looped = torch.stack([torch.stack([T.sinkhorn_attention(s[i, j], 1.0, 300) for j in range(4)]) for i in range(2)])
+    looped = torch.stack([torch.stack([T.sinkhorn_attention(s[i, j], 1.0, 300, tol=None) for j in range(4)]) for i in range(2)])
     assert torch.allclose(looped, W, atol=1e-12)
 
 
@@ -322,7 +322,7 @@ def test_sinkhorn_query_mask_and_neg_inf_scores():
     s = rand(5, 5, seed=18)
     qm = torch.tensor([True, True, True, False, True])
     s[0, 2] = NEG_INF
-    W = T.sinkhorn_attention(s, 0.8, 500, query_mask=qm, key_mask=torch.tensor([True] * 4 + [False]))
+    W = T.sinkhorn_attention(s, 0.8, 500, tol=None, query_mask=qm, key_mask=torch.tensor([True] * 4 + [False]))
     assert not W.isnan().any() and (W[3] == 0).all() and (W[:, 4] == 0).all() and W[0, 2] == 0
     assert torch.allclose(W[qm].sum(-1), torch.ones(4, dtype=s.dtype), atol=1e-12)
     assert torch.allclose(W.sum(-2)[:4], torch.ones(4, dtype=s.dtype), atol=1e-8)
@@ -330,7 +330,7 @@ def test_sinkhorn_query_mask_and_neg_inf_scores():
 
 def test_sinkhorn_single_query_is_uniform():
     s = rand(1, 7, seed=19)  # one source: U(a, b) = {a b^T}, whatever the scores
-    W = T.sinkhorn_attention(s, 0.5, 50)
+    W = T.sinkhorn_attention(s, 0.5, 50, tol=None)
     assert torch.allclose(W, torch.full_like(W, 1 / 7), atol=1e-12)  # one source: P = a b^T
 
 
@@ -341,10 +341,10 @@ def test_sinkhorn_implicit_gradient_matches_unrolled_and_finite_differences(mask
     g = rand(2, 4, 5, seed=21)
     grads = {}
     for mode in ("unrolled", "implicit"):
-        W = T.sinkhorn_attention(s, 0.7, 400, key_mask=km, grad=mode)
+        W = T.sinkhorn_attention(s, 0.7, 400, tol=None, key_mask=km, grad=mode)
         (grads[mode],) = torch.autograd.grad((W * g).sum(), s)
     assert torch.allclose(grads["implicit"], grads["unrolled"], atol=1e-10)
-    assert torch.autograd.gradcheck(lambda z: T.sinkhorn_attention(z, 0.7, 300, key_mask=km, grad="implicit"), (s,), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda z: T.sinkhorn_attention(z, 0.7, 300, tol=None, key_mask=km, grad="implicit"), (s,), fast_mode=True)
 
 
 @pytest.mark.parametrize("absorb_every, n_iter", [(10, 10), (3, 10), (1, 7), (4, 13)])
@@ -360,7 +360,7 @@ def test_sinkhorn_hand_unrolled_backward_equals_autograd_through_the_iterations(
     for hand in (True, False):
         z = s.clone().requires_grad_()
         if hand:
-            W = T.sinkhorn_attention(z, 0.8, n_iter, query_mask=qm, absorb_every=absorb_every)
+            W = T.sinkhorn_attention(z, 0.8, n_iter, tol=None, query_mask=qm, absorb_every=absorb_every)
         else:  # the plan by plain autograd, on the inputs sinkhorn_attention builds
             live = torch.isfinite(z) & qm.unsqueeze(-1)
             M = torch.where(live, z / 0.8, torch.full_like(z, NEG_INF))
@@ -371,13 +371,13 @@ def test_sinkhorn_hand_unrolled_backward_equals_autograd_through_the_iterations(
         grads.append(grad)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-14, rtol=1e-12)
     x = rand(2, 4, 5, seed=33).requires_grad_()
-    assert torch.autograd.gradcheck(lambda z: T.sinkhorn_attention(z, 0.8, n_iter, absorb_every=absorb_every), (x,))
+    assert torch.autograd.gradcheck(lambda z: T.sinkhorn_attention(z, 0.8, n_iter, tol=None, absorb_every=absorb_every), (x,))
 
 
 def test_sinkhorn_low_precision_no_nan():
     s = with_masks(rand(4, 6, seed=22)).to(torch.bfloat16).requires_grad_()
     for mode in ("unrolled", "implicit"):
-        W = T.sinkhorn_attention(s, 1.0, 20, grad=mode)
+        W = T.sinkhorn_attention(s, 1.0, 20, tol=None, grad=mode)
         (W.float() * torch.randn(W.shape)).sum().backward()
         assert W.dtype == torch.bfloat16 and not W.isnan().any() and not s.grad.isnan().any()
 
@@ -392,4 +392,4 @@ def test_cuda_matches_cpu():
     for name, f in TRANSFORMS.items():
         assert torch.allclose(f(x.cuda()).cpu(), f(x), atol=1e-5), name
     s = rand(2, 8, 8, seed=24, dtype=torch.float32)
-    assert torch.allclose(T.sinkhorn_attention(s.cuda(), 1.0, 30).cpu(), T.sinkhorn_attention(s, 1.0, 30), atol=1e-5)
+    assert torch.allclose(T.sinkhorn_attention(s.cuda(), 1.0, 30, tol=None).cpu(), T.sinkhorn_attention(s, 1.0, 30, tol=None), atol=1e-5)
