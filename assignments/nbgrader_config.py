@@ -30,3 +30,30 @@ c.ZipCollectApp.collector_plugin = "nbgrader.plugins.zipcollect.FileNameCollecto
 c.FileNameCollectorPlugin.named_regexp = (
     r".*/(?P<student_id>[^/_]+)_(?:[^/]*_)?(?P<file_id>ch\d_[a-z0-9_]+\.ipynb)$"
 )
+
+# release_feedback: nbgrader 0.9.6 stops with FileNotFoundError on a submission that did not come
+# through the exchange (zip_collect, copied by hand: no submission_secret.txt). Those students could
+# not fetch feedback from the exchange anyway; skip them, say so, and release the others' feedback.
+from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback  # noqa: E402
+
+
+class ReleaseExchangeFeedback(ExchangeReleaseFeedback):
+    def copy_files(self):
+        import glob
+
+        skipped = sorted({
+            os.path.basename(os.path.dirname(os.path.dirname(html)))
+            for html in glob.glob(os.path.join(self.src_path, "*.html"))
+            if not os.path.exists(os.path.join(os.path.dirname(html), "submission_secret.txt"))
+        })
+        if skipped:
+            self.log.warning(
+                "Not released through the exchange (their submissions did not come through it; hand "
+                "out feedback/<student>/%s/ through your learning platform): %s",
+                self.coursedir.assignment_id, ", ".join(skipped))
+            excluded = set(filter(None, self.coursedir.student_id_exclude.split(","))) | set(skipped)
+            self.coursedir.student_id_exclude = ",".join(sorted(excluded))
+        super().copy_files()
+
+
+c.ExchangeFactory.release_feedback = ReleaseExchangeFeedback

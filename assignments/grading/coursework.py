@@ -293,8 +293,10 @@ def hidden_checks(task: str, namespace: dict) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     h = _Hidden(task, namespace, course_secret(course))
-    with h.case("the hidden checks ran to the end"):
+    with h.case("the hidden checks could not finish"):
         getattr(module, task)(h)
+    if h.results[-1][1] is None:  # that one is reported only when it fails
+        h.results.pop()
     failed = [(i, label, message) for i, (label, message) in enumerate(h.results, 1) if message is not None]
     for i, (label, message) in enumerate(h.results, 1):
         print(f"hidden check {i} ({label}): " + ("passed" if message is None else message))
