@@ -14,6 +14,8 @@ c.CourseDirectory.course_id = "attention-as-optimization"
 c.CourseDirectory.root = here
 # Each notebook runs in a few seconds on a laptop CPU; a cell that takes a minute is stuck.
 c.Execute.timeout = 60
+# Starting a kernel (and importing PyTorch) can take most of a minute on a busy machine.
+c.Execute.startup_timeout = 180
 
 # The exchange (release_assignment, fetch_assignment, submit, collect, release_feedback,
 # fetch_feedback): a folder every student can write to. By default the course directory's

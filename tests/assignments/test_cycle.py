@@ -33,6 +33,7 @@ _spec.loader.exec_module(tool)
 A = "ch3_one_sided_eot"
 COURSE_ID = "attention-as-optimization"
 LMS_STUDENT = "s0002"
+KERNEL_RACE = r"Address already in use|Kernel didn't respond"
 
 WRONG = {  # grade id of the solution cell -> the wrong student's cell
     "sparsemax_backward": '''
@@ -101,7 +102,11 @@ def cycle(tmp_path_factory):
                                                   if c["metadata"].get("nbgrader", {}).get("grade_id") == "eot_value")})
     logs["zip_collect"] = nbgrader("zip_collect", A, cwd=course)
 
-    logs["autograde"] = nbgrader("autograde", A, cwd=course)
+    logs["autograde"] = nbgrader("autograde", A, cwd=course, check=False)
+    if logs["autograde"].returncode and re.search(KERNEL_RACE, logs["autograde"].stderr):
+        # another process took the kernel's port: as the guide says, run autograde again
+        logs["autograde"] = nbgrader("autograde", A, cwd=course, check=False)
+    assert logs["autograde"].returncode == 0, logs["autograde"].stderr[-5000:]
     logs["generate_feedback"] = nbgrader("generate_feedback", A, cwd=course)
     logs["release_feedback"] = nbgrader("release_feedback", A, cwd=course)
     logs["fetch_feedback"] = nbgrader("fetch_feedback", A, *exchange, cwd=home)
