@@ -1,12 +1,18 @@
 """Make the student (release) versions of the nbgrader assignments.
 
 ``assignments/`` is an nbgrader course directory holding only what is written by hand: the
-source notebooks (``source/<assignment>/<notebook>.ipynb``, with solutions and hidden tests) and
-``nbgrader_config.py``. This script copies both into a course directory under the build folder
-(``_build/assignments`` for ``make assignments``) and runs ``nbgrader generate_assignment`` there
-for every assignment, so that nothing generated lands in git. What nbgrader keeps in that course
-directory (``gradebook.db``, ``submitted/``, ``autograded/``, ``feedback/``) is left in place, so
-the same directory can be used to collect and grade a class.
+source notebooks (``source/<assignment>/<notebook>.ipynb``, with solutions), ``grading/`` (the
+checks' helpers ``coursework.py`` and the hidden checks ``hidden_checks.py``) and
+``nbgrader_config.py``. This script copies them into a course directory under the build folder
+(``_build/assignments`` for ``make assignments``): ``coursework.py`` next to every source notebook
+(so that it ships with the release and autograde restores it over a student's copy),
+``hidden_checks.py`` to ``<course>/grading/`` (never released). It writes a random course secret to
+``<course>/course_secret`` unless one is there or ``ATTNOPT_COURSE_SECRET`` is set: the hidden
+checks draw their inputs from it, so keep that file (or the variable) for the whole term. Then it
+runs ``nbgrader generate_assignment`` for every assignment, so that nothing generated lands in git.
+What nbgrader keeps in that course directory (``gradebook.db``, ``submitted/``, ``autograded/``,
+``feedback/``, ``exchange/``) is left in place, so the same directory can be used to collect and
+grade a class.
 
 Usage: python tools/assignments.py [COURSE_DIR]   (default: $ATTNOPT_BUILD_DIR/assignments)
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -44,12 +51,20 @@ def assignment_names(course: Path = SOURCE) -> list[str]:
 
 
 def stage(course: Path) -> None:
-    """Copy the sources and the configuration into ``course``, replacing older copies of them."""
+    """Copy the sources, the checks and the configuration into ``course``, replacing older copies."""
     course.mkdir(parents=True, exist_ok=True)
     if (course / "source").exists():
         shutil.rmtree(course / "source")
     shutil.copytree(SOURCE / "source", course / "source", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for name in assignment_names(course):
+        shutil.copy2(SOURCE / "grading" / "coursework.py", course / "source" / name / "coursework.py")
+    (course / "grading").mkdir(exist_ok=True)
+    shutil.copy2(SOURCE / "grading" / "hidden_checks.py", course / "grading" / "hidden_checks.py")
     shutil.copy2(SOURCE / "nbgrader_config.py", course / "nbgrader_config.py")
+    secret = course / "course_secret"
+    if not os.environ.get("ATTNOPT_COURSE_SECRET") and not secret.exists():
+        secret.write_text(secrets.token_hex(16) + "\n")
+        secret.chmod(0o600)
 
 
 def generate(course: Path, quiet: bool = False) -> dict[str, Path]:

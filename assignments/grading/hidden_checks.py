@@ -1,0 +1,419 @@
+"""The hidden checks of the course's assignments, drawn from the course's secret.
+
+Each graded test cell ends with the two lines
+
+    from coursework import hidden_checks
+    hidden_checks("<task>", globals())
+
+(released as they are: outside the course directory they only print that the hidden checks run
+when the notebook is graded),
+
+which runs the function ``<task>`` below on the student's code. Every random input is drawn from a
+generator seeded by the course's secret (``ATTNOPT_COURSE_SECRET``, or the file ``course_secret`` of
+the course directory, which ``tools/assignments.py`` creates and git never sees), so the numbers a
+submission is checked on are not in the public repository, and differ from one course to the next.
+The properties checked are public: this file is. Each check has a label that the student sees in
+the feedback with the expected and the found value; the code of this file is not shown.
+
+``tools/assignments.py`` copies this file to ``<course>/grading/`` (not into the release), and
+``coursework.hidden_checks`` loads it from there while grading.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from coursework import check, check_close, check_shape
+
+
+def _normalize(w):
+    return w / w.sum(-1, keepdim=True)
+
+
+# ---------------------------------------------------------------- chapter 1: the Fenchel dual
+
+
+def gaussian_lambda_star(h):
+    from attnopt.fenchel import gaussian_dual_maximizer, solve_dual
+
+    f, g = h.student("gaussian_lambda_star"), h.rng()
+    d = 2
+    A = torch.randn(d, d, generator=g)
+    cov = A @ A.T + 0.5 * torch.eye(d)
+    mus, bs = torch.randn(4, 5, d, generator=g), torch.randn(4, 5, d, generator=g)
+    for a in (0.1, 1.0, 3.0):
+        with h.case(f"a (4, 5, 2) batch with a full covariance, alpha = {a}, agrees with gaussian_dual_maximizer"):
+            check_close(f(mus, bs, a, cov), gaussian_dual_maximizer(mus, bs, a, cov=cov), "lambda*")
+        with h.case(f"a (4, 5, 2) batch with cov=None (the identity), alpha = {a}"):
+            check_close(f(mus, bs, a), gaussian_dual_maximizer(mus, bs, a), "lambda*")
+    with h.case("the discrete dual on a 40 x 40 Gauss-Hermite grid of N(mu, cov) has the same maximizer"):
+        mu, b, alpha = mus[0, 0], bs[0, 0], 0.7
+        x, w = np.polynomial.hermite.hermgauss(40)
+        nodes = math.sqrt(2) * torch.tensor(np.stack(np.meshgrid(x, x, indexing="ij"), -1).reshape(-1, 2))
+        weights = torch.tensor(np.outer(w, w).reshape(-1)) / math.pi
+        templates = mu + nodes @ torch.linalg.cholesky(cov).T
+        check_close(f(mu, b, alpha, cov), solve_dual(b, templates, weights / weights.sum(), alpha), "lambda*", atol=1e-10)
+
+
+def newton_dual(h):
+    from attnopt.fenchel import solve_dual
+
+    f, g = h.student("newton_dual"), h.rng()
+    n, d = 8, 3
+    T = torch.randn(n, d, generator=g)
+    u = _normalize(torch.rand(n, generator=g))
+    # plain Newton from alpha z (what the task asks for) converges for these alphas and evidence sizes
+    # on every one of 300 random draws; alpha = 1.5 diverges on 5 % of them
+    with h.case("a preference with three zeros (masked templates), alpha = 0.8, agrees with solve_dual"):
+        u_masked = u.clone()
+        u_masked[:3] = 0.0
+        u_masked = _normalize(u_masked)
+        b2 = u_masked @ T + torch.randn(d, generator=g)
+        check_close(f(b2, T, u_masked, 0.8), solve_dual(b2, T, u_masked, 0.8), "lambda*", atol=1e-9)
+    with h.case("another evidence, alpha = 1.0, agrees with solve_dual"):
+        b3 = u @ T + 0.5 * torch.randn(d, generator=g)
+        check_close(f(b3, T, u, 1.0), solve_dual(b3, T, u, 1.0), "lambda*", atol=1e-9)
+    with h.case("small alpha: |lambda* - alpha z| / |alpha z| shrinks like alpha (alpha = 0.1, 0.01, 0.001)"):
+        z = torch.randn(d, generator=g)
+        devs = torch.tensor([((f(u @ T + z, T, u, a) - a * z).norm() / (a * z).norm()).item() for a in (1e-1, 1e-2, 1e-3)])
+        check(bool(devs[0] > devs[1] > devs[2]) and devs[2] < 5e-3, "relative deviations",
+              "decreasing, the last below 0.005", devs)
+
+
+def attention_weights(h):
+    from attnopt.fenchel import generalized_attention
+
+    f, g = h.student("attention_weights"), h.rng()
+    B, H, n_q, n, d = 2, 3, 5, 7, 4
+    q, k = torch.randn(B, H, n_q, d, generator=g), torch.randn(B, H, n, d, generator=g)
+    u_rand = _normalize(torch.rand(B, H, n_q, n, generator=g))
+    for a in (0.3, 1.0, 2.5):
+        with h.case(f"a random preference of shape (2, 3, 5, 7), alpha = {a}, agrees with generalized_attention"):
+            check_close(f(q, k, u_rand, alpha=a), generalized_attention(q, k, u_rand, alpha=a)[1], "weights")
+    with h.case("only the product alpha z enters the weights"):
+        check_close(f(2 * q, k, u_rand, alpha=0.25), f(q, k, u_rand, alpha=0.5), "weights with (2 z, alpha / 2)")
+    with h.case("a preference of shape (7,) broadcasts to the weights"):
+        u1 = _normalize(torch.rand(n, generator=g))
+        check_close(f(q, k, u1, alpha=0.8), generalized_attention(q, k, u1, alpha=0.8)[1], "weights")
+
+
+def t5_preference(h):
+    from attnopt.fenchel import t5_preference as lib
+
+    f, g = h.student("t5_preference"), h.rng()
+    n_q, n = 6, 9
+    bias = 2 * torch.randn(n_q, n, generator=g)
+    mask = torch.rand(n_q, n, generator=g) < 0.7
+    mask[:, -1] = True
+    with h.case("agrees with attnopt's t5_preference"):
+        check_close(f(bias, mask), lib(bias, mask), "u", atol=1e-14)
+    with h.case("a bias of 700 does not overflow"):
+        check_close(f(bias + 700.0, mask), lib(bias, mask), "u for bias + 700")
+    with h.case("a (2, 4, 6, 9) batch of biases with a (6, 9) mask"):
+        batched = f(bias.expand(2, 4, n_q, n), mask)
+        check_close(batched, lib(bias, mask).expand(2, 4, n_q, n), "u")
+
+
+# ---------------------------------------------------------------- chapter 2: Markov kernels
+
+
+def boltzmann_gibbs_weights(h):
+    from attnopt.kernels import EmpiricalMeasure, boltzmann_gibbs
+
+    f, g = h.student("boltzmann_gibbs_weights"), h.rng()
+    points = torch.randn(3, 7, 2, generator=g)
+    w_b = torch.rand(3, 7, generator=g)
+    w_b[:, 0] = 0.0
+    w_b = _normalize(w_b)
+    log_g_b = 3 * torch.randn(3, 7, generator=g)
+    log_g_b[:, 1] = float("-inf")
+    ours = None
+    with h.case("a (3, 7) batch with an atom of mass 0 and an atom where G = 0 agrees with boltzmann_gibbs"):
+        ours = f(w_b, log_g_b)
+        check_close(ours, boltzmann_gibbs(EmpiricalMeasure(points, w_b), log_potential=log_g_b).weights, "weights", atol=1e-14)
+    with h.case("reweighting twice is reweighting once by the product of the potentials"):
+        log_h = torch.randn(3, 7, generator=g)
+        check_close(f(f(w_b, log_g_b), log_h), f(w_b, log_g_b + log_h), "twice reweighted", atol=1e-14)
+
+
+def attention_kernel_matrix(h):
+    from attnopt.kernels import attention_kernel
+
+    f, g = h.student("attention_kernel_matrix"), h.rng()
+    B, M, N, d = 3, 5, 8, 4
+    q, k, v = torch.randn(B, M, d, generator=g), torch.randn(B, N, d, generator=g), torch.randn(B, N, 2, generator=g)
+    w = torch.rand(B, N, generator=g)
+    w[:, 3] = 0.0
+    w = _normalize(w)
+    with h.case("key weights with a zero, scale 0.7, agree with attention_kernel"):
+        check_close(f(q, k, w, scale=0.7), attention_kernel(q, k, v, key_weights=w, scale=0.7)[1], "P", atol=1e-14)
+    with h.case("uniform key weights and the default scale agree with attention_kernel"):
+        check_close(f(q, k), attention_kernel(q, k, v)[1], "P", atol=1e-14)
+    with h.case("composing two attention kernels gives rows that sum to one"):
+        P2 = f(k, torch.randn(B, 6, d, generator=g))
+        check_close((f(q, k) @ P2).sum(-1), torch.ones(B, M), "row sums of P P2", atol=1e-14)
+
+
+def wasserstein1_1d(h):
+    import ot
+
+    from attnopt.kernels import EmpiricalMeasure
+    from attnopt.regularity import wasserstein1
+
+    f, g = h.student("wasserstein1_1d"), h.rng()
+    x, a = torch.randn(7, generator=g), _normalize(torch.rand(7, generator=g))
+    y, b = 2 * torch.randn(11, generator=g) + 0.5, _normalize(torch.rand(11, generator=g))
+    with h.case("agrees with attnopt's wasserstein1"):
+        lib = wasserstein1(EmpiricalMeasure(x[:, None], a), EmpiricalMeasure(y[:, None], b))
+        check_close(f(x, a, y, b), lib.reshape(()), "W1")
+    with h.case("agrees with the linear program with cost |x_i - y_j| (POT's exact solver)"):
+        cost = (x[:, None] - y[None, :]).abs().numpy()
+        check_close(f(x, a, y, b), torch.tensor(ot.emd2(a.numpy(), b.numpy(), cost)), "W1", atol=1e-10)
+    with h.case("symmetric in the two measures"):
+        check_close(f(y, b, x, a), f(x, a, y, b), "W1(nu, mu)")
+    with h.case("zero between a measure and the same measure listed in another order"):
+        perm = torch.randperm(7, generator=g)
+        check_close(f(x, a, x[perm], a[perm]), torch.tensor(0.0), "W1", atol=1e-14)
+
+
+def max_entropy_tilt(h):
+    from attnopt.kernels import EmpiricalMeasure, maximum_entropy_tilt
+
+    f, g = h.student("max_entropy_tilt"), h.rng()
+    n = 9
+    w, s = _normalize(torch.rand(n, generator=g)), torch.randn(n, generator=g)
+    atoms = torch.randn(n, 2, generator=g)
+    for name, target in (("near the smallest value", float(s.min()) + 0.05), ("near the largest value", float(s.max()) - 0.05)):
+        with h.case(f"a target {name} of the statistic agrees with maximum_entropy_tilt"):
+            p, lam = f(w, s, target)
+            mu_lib, lam_lib = maximum_entropy_tilt(EmpiricalMeasure(atoms, w), s[:, None], torch.tensor([target]))
+            check_close(p, mu_lib.weights, "p", atol=1e-9)
+            check_close(torch.as_tensor(lam, dtype=torch.float64).reshape(()), lam_lib.reshape(()), "lambda", atol=1e-7)
+    with h.case("the target equal to the mean under w needs no tilt"):
+        p0, lam0 = f(w, s, float(w @ s))
+        check_close(torch.as_tensor(lam0, dtype=torch.float64).reshape(()), torch.tensor(0.0), "lambda", atol=1e-9)
+        check_close(p0, w, "p", atol=1e-10)
+
+
+# ---------------------------------------------------------------- chapter 3: one-sided transport
+
+
+def sparsemax_backward(h):
+    from attnopt.transforms import sparsemax
+
+    f, g = h.student("sparsemax_backward"), h.rng()
+    for scale, tau in ((0.3, 1.0), (2.0, 0.5), (5.0, 2.0)):
+        with h.case(f"a (5, 3, 12) batch of scores of scale {scale}, tau = {tau}, agrees with autograd through sparsemax"):
+            s = (scale * torch.randn(5, 3, 12, generator=g)).requires_grad_(True)
+            p = sparsemax(s / tau)
+            upstream = torch.randn(5, 3, 12, generator=g)
+            (expected,) = torch.autograd.grad((p * upstream).sum(), s)
+            check_close(f(p.detach(), upstream, tau), expected, "d loss / d scores")
+    with h.case("a single key gets zero gradient"):
+        check_close(f(torch.ones(2, 1), torch.randn(2, 1, generator=g), 1.0), torch.zeros(2, 1), "d loss / d scores")
+
+
+def softmax_backward(h):
+    from attnopt.geometry import advantage_gradient
+
+    f, g = h.student("softmax_backward"), h.rng()
+    for tau in (0.3, 1.0, 2.5):
+        with h.case(f"a (4, 6) batch, tau = {tau}, agrees with advantage_gradient"):
+            p = torch.softmax(torch.randn(4, 6, generator=g) / tau, -1)
+            u = torch.randn(4, 6, generator=g)
+            check_close(f(p, u, tau), advantage_gradient(p, u, tau), "d loss / d scores", atol=1e-14)
+    with h.case("a non-linear loss of the attention output, (2, 4, 7) batch, tau = 1.3, agrees with autograd"):
+        values = torch.randn(7, 3, generator=g)
+        s2 = torch.randn(2, 4, 7, generator=g, requires_grad=True)
+        p2 = torch.softmax(s2 / 1.3, dim=-1)
+        p2_leaf = p2.detach().requires_grad_(True)
+        loss = lambda q: torch.sin(q @ values).pow(2).sum()
+        (grad_s,) = torch.autograd.grad(loss(p2), s2)
+        (grad_p,) = torch.autograd.grad(loss(p2_leaf), p2_leaf)
+        check_close(f(p2.detach(), grad_p, 1.3), grad_s, "d loss / d scores", atol=1e-13)
+
+
+def lse_hessian(h):
+    from attnopt.geometry import fisher_information
+
+    f, g = h.student("lse_hessian"), h.rng()
+    S = torch.randn(3, 4, 5, generator=g)
+    p = torch.softmax(S / 2.0, dim=-1)
+    with h.case("a (3, 4, 5) batch, tau = 2, is the Fisher information over tau"):
+        check_close(f(S, 2.0), fisher_information(p) / 2.0, "Hessian", atol=1e-14)
+    with h.case("the Fisher information as an expectation over the categories, term by term"):
+        e = torch.eye(5)
+        fisher = sum(p[..., j, None, None] * torch.einsum("...a,...b->...ab", e[j] - p, e[j] - p) for j in range(5))
+        check_close(2.0 * f(S, 2.0), fisher, "tau times the Hessian", atol=1e-14)
+    with h.case("scores of size 1000 do not overflow"):
+        s = 1000 + torch.randn(4, generator=g)
+        check_close(f(s, 0.5), fisher_information(torch.softmax(s / 0.5, -1)) / 0.5, "Hessian", atol=1e-12)
+
+
+def eot_value(h):
+    from attnopt.transforms import one_sided_eot
+
+    f, g = h.student("eot_value"), h.rng()
+    C2 = torch.randn(3, 6, generator=g)
+    C2[:, 2] = float("inf")
+    with h.case("a (3, 6) batch with a forbidden key: the gradient is one_sided_eot's plan, zero at the key"):
+        leaf = C2.clone().requires_grad_(True)
+        v2 = f(leaf, 0.3)
+        check_shape(v2, (3,), "value")
+        (grad2,) = torch.autograd.grad(v2.sum(), leaf)
+        check_close(grad2, one_sided_eot(C2, eps=0.3), "gradient", atol=1e-12)
+    with h.case("as eps -> 0 the value tends to the smallest cost (eps = 1e-4)"):
+        check_close(f(C2, 1e-4), C2.min(-1).values, "value", atol=1e-3)
+    with h.case("costs of size 1000 eps do not overflow"):
+        C3 = torch.randn(4, generator=g)
+        check_close(f(C3 + 1000 * 0.2, 0.2), f(C3, 0.2) + 1000 * 0.2, "value of C + 1000 eps", atol=1e-9)
+
+
+# ---------------------------------------------------------------- chapter 4: continuous attention
+
+
+def continuous_softmax_1d(h):
+    from attnopt.continuous import continuous_softmax
+    from attnopt.value_functions import GaussianRBF
+
+    f, g = h.student("continuous_softmax_1d"), h.rng()
+    mus = torch.rand(4, 5, generator=g)
+    sigma2s = 0.01 + 0.2 * torch.rand(4, 5, generator=g)
+    centers, widths = torch.linspace(0, 1, 7), torch.linspace(0.05, 0.2, 7)
+    with h.case("a (4, 5) batch of Gaussians, 7 basis functions, agrees with continuous_softmax"):
+        lib = continuous_softmax(mus[..., None], sigma2s[..., None, None], GaussianRBF(centers, widths))
+        check_close(f(mus, sigma2s, centers, widths), lib, "r")
+
+
+def tp_threshold(h):
+    from attnopt.continuous import moment_match, truncated_paraboloid_threshold
+
+    f_lam, f_cov, f_inv = (h.student(n) for n in ("tp_threshold", "tp_covariance", "tp_scale_from_covariance"))
+    g = h.rng()
+    for D in (1, 2, 3):
+        A = torch.randn(4, D, D, generator=g)
+        Sigma = A @ A.transpose(-1, -2) + 0.2 * torch.eye(D)
+        with h.case(f"a (4, {D}, {D}) batch of scales agrees with truncated_paraboloid_threshold"):
+            check_close(f_lam(Sigma), truncated_paraboloid_threshold(Sigma), "lambda", atol=1e-13)
+        with h.case(f"D = {D}: covariance of the scale found for a covariance is that covariance"):
+            cov = f_cov(Sigma)
+            check_close(f_cov(f_inv(cov)), cov, "covariance", atol=1e-12)
+    with h.case("the scale matched to discrete weights on a 2-D grid is moment_match's"):
+        x = torch.linspace(0, 1, 12)
+        locations = torch.stack(torch.meshgrid(x, x, indexing="ij"), -1).reshape(-1, 2)
+        w = torch.softmax(3 * torch.randn(3, 144, generator=g), dim=-1)
+        mu_lib, Sigma_lib = moment_match(w, locations, family="truncated_paraboloid")
+        centered = locations - mu_lib[:, None, :]
+        cov = torch.einsum("bl,bla,blc->bac", w, centered, centered)
+        check_close(f_inv(cov), Sigma_lib, "scale", atol=1e-10)
+
+
+def continuous_sparsemax_1d(h):
+    from attnopt.continuous import continuous_sparsemax
+    from attnopt.value_functions import GaussianRBF
+
+    f, g = h.student("continuous_sparsemax_1d"), h.rng()
+    centers, widths = torch.linspace(0, 1, 9), torch.full((9,), 0.07)
+    for mu, s2 in ((float(torch.rand(1, generator=g)), 0.01), (0.1, 0.3), (0.95, 0.002)):
+        with h.case(f"mu = {mu:.3f}, scale {s2}, nine basis functions of width 0.07, agrees with continuous_sparsemax"):
+            lib = continuous_sparsemax(torch.tensor([mu]), torch.tensor([[s2]]), GaussianRBF(centers, widths))
+            check_close(f(mu, s2, centers, widths), lib, "r", atol=1e-10)
+
+
+def weighted_em_step(h):
+    from attnopt.mixture import weighted_em
+
+    f, g = h.student("weighted_em_step"), h.rng()
+    L, K = 45, 3
+    points = torch.cat([0.1 * torch.randn(15, 2, generator=g) + c for c in torch.rand(3, 2, generator=g)])
+    weights = 5 * torch.rand(L, generator=g)  # not summing to one
+    means0 = torch.rand(K, 2, generator=g)
+    covs0 = 0.05 * torch.eye(2).expand(K, 2, 2).clone()
+    mixing0 = _normalize(torch.rand(K, generator=g) + 0.5)
+    ours = None
+    with h.case("unnormalized weights: one step agrees with attnopt's weighted_em (one iteration)"):
+        lib = weighted_em(points, _normalize(weights), K, n_iter=1,
+                          init={"means": means0, "covariances": covs0, "mixing": mixing0}, tol=None, cov_floor=0.0)
+        ours = f(points, weights, means0, covs0, mixing0)
+        check_close(ours[0], lib.means, "means", atol=1e-12)
+        check_close(ours[1], lib.covariances, "covariances", atol=1e-12)
+        check_close(ours[2], lib.mixing, "mixing weights", atol=1e-12)
+    with h.case("scaling all weights by 7 does not change the step"):
+        for a, b, name in zip(f(points, 7.0 * weights, means0, covs0, mixing0), f(points, weights, means0, covs0, mixing0),
+                              ("means", "covariances", "mixing weights")):
+            check_close(a, b, name, atol=1e-12)
+
+
+# ---------------------------------------------------------------- chapter 5: four views
+
+
+def gibbs(h):
+    from attnopt.transforms import one_sided_eot
+
+    f, g = h.student("gibbs"), h.rng()
+    m = 6
+    u = _normalize(torch.rand(m, generator=g))
+    C2 = torch.randn(3, 4, m, generator=g)
+    with h.case("a (3, 4, 6) batch of costs, eps = 0.4, agrees with one_sided_eot (KL, prior u)"):
+        p2, logZ2 = f(C2, 0.4, u)
+        check_close(p2, one_sided_eot(C2, eps=0.4, regularizer="kl", prior=u), "p*", atol=1e-12)
+        check_close(logZ2, torch.log((u * torch.exp(-C2 / 0.4)).sum(-1)), "log Z", atol=1e-12)
+
+
+def to_fenchel(h):
+    import torch.nn.functional as F
+
+    from attnopt.fenchel import generalized_attention
+    from attnopt.kernels import attention_kernel
+    from attnopt.transforms import one_sided_eot
+
+    to_f, to_e, g = h.student("to_fenchel"), h.student("to_eot"), h.rng()
+    M, N, d = 5, 8, 4
+    q, k = torch.randn(M, d, generator=g), torch.randn(N, d, generator=g)
+    w = _normalize(torch.rand(N, generator=g))
+    w[2] = 0.0
+    w = _normalize(w)
+    with h.case("a masked key, scale 2: the three views agree and the masked key gets weight 0"):
+        _, P_kernel = attention_kernel(q, k, key_weights=w, scale=2.0)
+        _, P_fenchel = generalized_attention(**to_f(q, k, w, 2.0))
+        P_eot = one_sided_eot(**to_e(q, k, w, 2.0), regularizer="kl")
+        check_close(P_fenchel, P_kernel, "Fenchel weights")
+        check_close(P_eot, P_kernel, "transport weights")
+    with h.case("uniform weights and scale 1/sqrt(d) give SDPA in every view"):
+        v = torch.randn(N, 3, generator=g)
+        uniform = torch.full((N,), 1 / N)
+        sdpa = F.scaled_dot_product_attention(q, k, v)
+        check_close(generalized_attention(**to_f(q, k, uniform, 1 / math.sqrt(d)))[1] @ v, sdpa, "Fenchel output")
+        check_close(one_sided_eot(**to_e(q, k, uniform, 1 / math.sqrt(d)), regularizer="kl") @ v, sdpa, "transport output")
+
+
+def grid_softmax(h):
+    f, g = h.student("grid_softmax"), h.rng()
+    mu0, var0 = float(torch.rand(1, generator=g)) - 0.5, 0.02 + 0.05 * float(torch.rand(1, generator=g))
+    theta = torch.tensor([mu0 / var0, -1 / (2 * var0)])
+    with h.case(f"a Gaussian with mean {mu0:.3f} and variance {var0:.3f} on a fine grid of [-3, 3]"):
+        _, mean, var = f(theta, torch.linspace(-3, 3, 6001))
+        check_close(torch.as_tensor(mean).reshape(()), torch.tensor(mu0), "mean", atol=1e-10)
+        check_close(torch.as_tensor(var).reshape(()), torch.tensor(var0), "variance", atol=1e-10)
+    with h.case("a grid of four points is not the continuous model: its moments are off"):
+        _, mean_c, var_c = f(torch.tensor([0.4 / 0.0225, -1 / 0.045]), torch.linspace(0, 1, 4))
+        check(abs(float(mean_c) - 0.4) > 1e-2 and abs(float(var_c) - 0.0225) > 1e-3,
+              "moments on four points", "far from (0.4, 0.0225)", f"({float(mean_c):.4g}, {float(var_c):.4g})")
+
+
+def sparse_eot(h):
+    from attnopt.transforms import one_sided_eot
+
+    f, g = h.student("sparse_eot"), h.rng()
+    C = torch.randn(2, 3, 7, generator=g)
+    for e in (0.05, 1.0, 20.0):
+        with h.case(f"a (2, 3, 7) batch, eps = {e}, agrees with one_sided_eot (sparsemax)"):
+            check_close(f(C, e), one_sided_eot(C, eps=e, regularizer="sparsemax"), "plan", atol=1e-10)
+    with h.case("a gap of at least eps between the two smallest costs gives a one-hot plan"):
+        check_close(f(torch.tensor([0.0, 1.5, 2.0, 3.0]), 1.0), torch.tensor([1.0, 0.0, 0.0, 0.0]), "plan", atol=0.0)
+    with h.case("a large eps (100) gives a plan without zeros"):
+        p = f(C, 100.0)
+        check(torch.all(p > 0), "smallest weight", "> 0", p.min())

@@ -1,0 +1,252 @@
+"""The assignments' checks, run in this process on chosen answers (no nbgrader, a few seconds each).
+
+A task is run as a student's notebook runs it: the setup cell, the solution cells of the instructor's
+version with one of them replaced by the answer under test, then the task's test cell, whose hidden
+checks run against a staged course directory (``ATTNOPT_COURSE_DIR``) with a secret of this run.
+Each known wrong-but-plausible answer must fail a *visible* check with a message that says what was
+expected, what was found and how to fix it; "write it yourself" must be enforced by behaviour:
+a docstring may name the library, an alias may not call it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import secrets
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "assignments" / "grading"))
+_spec = importlib.util.spec_from_file_location("assignments_tool", ROOT / "tools" / "assignments.py")
+tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tool)
+
+import coursework  # noqa: E402  (assignments/grading/coursework.py)
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    course = tmp_path_factory.mktemp("checks-course")
+    tool.stage(course)
+    return course
+
+
+@pytest.fixture
+def graded(course, monkeypatch):
+    """Hidden checks on: the staged course and a fresh secret."""
+    monkeypatch.setenv("ATTNOPT_COURSE_DIR", str(course))
+    monkeypatch.setenv("ATTNOPT_COURSE_SECRET", secrets.token_hex(8))
+
+
+def cells(name):
+    nb = json.loads((ROOT / "assignments" / "source" / name / f"{name}.ipynb").read_text())
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def grade_id(cell):
+    return cell["metadata"].get("nbgrader", {}).get("grade_id")
+
+
+def run_task(name: str, test_id: str, answer: str | None = None, prelude: str = "") -> dict:
+    """Run the notebook ``name`` up to the test cell ``test_id``, with ``answer`` in place of the
+    solution cell that defines the same function; return the namespace (raises what the test raises)."""
+    namespace: dict = {"__name__": "__main__"}
+    code_cells = cells(name)
+    replaced = False
+    for cell in code_cells:
+        source = "".join(cell["source"])
+        if answer is not None and cell["metadata"].get("nbgrader", {}).get("solution"):
+            defined = {line.split("(")[0][4:] for line in source.splitlines() if line.startswith("def ")}
+            if any(f"def {fn}(" in answer for fn in defined):
+                source, replaced = textwrap.dedent(answer), True
+        if grade_id(cell) == "setup":
+            source += "\n" + prelude
+        exec(compile(source, f"<{grade_id(cell)}>", "exec"), namespace)
+        if grade_id(cell) == test_id:
+            break
+    else:
+        raise KeyError(test_id)
+    assert answer is None or replaced, "the answer replaced no solution cell"
+    return namespace
+
+
+TESTS = [(name, grade_id(c)) for name in tool.assignment_names() for c in cells(name)
+         if grade_id(c) and grade_id(c).startswith("test_")]
+
+
+@pytest.mark.parametrize("name,test_id", TESTS)
+def test_solutions_pass_visible_and_hidden_checks(graded, name, test_id, capsys):
+    run_task(name, test_id)
+    out = capsys.readouterr().out
+    assert "hidden check 1 (" in out and "passed" in out and "hidden check" in out.splitlines()[-1], out
+
+
+def test_hidden_checks_do_nothing_for_a_student(monkeypatch, capsys):
+    monkeypatch.delenv("ATTNOPT_COURSE_DIR", raising=False)
+    run_task("ch3_one_sided_eot", "test_softmax_backward")
+    assert "run when your notebook is graded" in capsys.readouterr().out
+
+
+def test_hidden_inputs_come_from_the_secret(course, monkeypatch):
+    monkeypatch.setenv("ATTNOPT_COURSE_DIR", str(course))
+    draws = []
+    for secret in ("first course", "first course", "second course"):
+        monkeypatch.setenv("ATTNOPT_COURSE_SECRET", secret)
+        draws.append(coursework._Hidden("eot_value", {}, coursework.course_secret()).rng().initial_seed())
+    assert draws[0] == draws[1] != draws[2]
+
+
+def failure(name, test_id, answer, prelude=""):
+    with pytest.raises(AssertionError) as error:
+        run_task(name, test_id, answer, prelude)
+    return str(error.value)
+
+
+# ------------------------------------------------------------------ "write it yourself", by behaviour
+
+
+def test_a_docstring_that_names_the_library_gets_full_marks(graded, capsys):
+    run_task("ch3_one_sided_eot", "test_lse_hessian", '''
+        def lse_hessian(scores, tau=1.0):
+            """Like attnopt.geometry.fisher_information(p) / tau, but written with torch (see attnopt)."""
+            p = torch.softmax(scores / tau, dim=-1)  # attnopt would do the same
+            return (torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)) / tau
+    ''')
+    assert "failed" not in capsys.readouterr().out
+
+
+def test_the_library_under_any_name_raises_library_blocked():
+    for prelude, body in (
+        ("from attnopt.geometry import fisher_information as fi", "fi(p)"),
+        ("import attnopt.geometry as g0", "g0.fisher_information(p)"),
+        ("import attnopt", "attnopt.geometry.fisher_information(p)"),
+        ("", "__import__('attnopt.geometry').geometry.fisher_information(p)"),
+        ("from attnopt import geometry", "geometry.fisher_information(p)"),
+    ):
+        answer = f'''
+            def lse_hessian(scores, tau=1.0, helper=None):
+                p = torch.softmax(scores / tau, dim=-1)
+                return {body} / tau
+        '''
+        with pytest.raises((coursework.LibraryBlocked, ImportError)) as error:
+            run_task("ch3_one_sided_eot", "test_lse_hessian", answer, prelude)
+        assert "write it yourself" in str(error.value), (prelude, body, str(error.value))
+
+
+def test_the_library_works_again_after_the_check():
+    import torch
+
+    from attnopt.geometry import fisher_information
+    from attnopt.value_functions import GaussianRBF
+
+    with coursework.without_attnopt({}):
+        with pytest.raises(coursework.LibraryBlocked):
+            fisher_information(torch.full((3,), 1 / 3))
+        with pytest.raises(coursework.LibraryBlocked):
+            GaussianRBF(torch.zeros(2), 0.1)
+    p = torch.tensor([0.5, 0.5])
+    assert torch.equal(fisher_information(p), torch.diag(p) - torch.outer(p, p))
+    assert GaussianRBF(torch.zeros(2), 0.1)(torch.zeros(1, 1)).shape[-1] == 2
+
+
+# ------------------------------------------------------------------ wrong answers, caught visibly
+
+
+def test_forgotten_one_over_tau_in_the_softmax_backward():
+    message = failure("ch3_one_sided_eot", "test_softmax_backward", """
+        def softmax_backward(p, upstream, tau=1.0):
+            return p * (upstream - (p * upstream).sum(-1, keepdim=True))
+    """)
+    assert "expected" in message and "found" in message and "factor 1/tau" in message, message
+
+
+def test_forgotten_one_over_tau_in_the_sparsemax_backward():
+    message = failure("ch3_one_sided_eot", "test_sparsemax_backward", """
+        def sparsemax_backward(p, upstream, tau=1.0):
+            support = (p > 0).to(p.dtype)
+            mean = (support * upstream).sum(-1, keepdim=True) / support.sum(-1, keepdim=True)
+            return support * (upstream - mean)
+    """)
+    assert "forget the factor 1/tau" in message, message
+
+
+def test_softmax_baseline_in_the_sparsemax_backward():
+    message = failure("ch3_one_sided_eot", "test_sparsemax_backward", """
+        def sparsemax_backward(p, upstream, tau=1.0):
+            return p * (upstream - (p * upstream).sum(-1, keepdim=True)) / tau
+    """)
+    assert "plain mean of u over the support" in message or "weight 0" in message, message
+
+
+def test_nan_gradient_at_a_forbidden_key():
+    """The value is right (the inf * 0 term is masked out), its gradient is nan at the forbidden key."""
+    message = failure("ch3_one_sided_eot", "test_eot_value", """
+        def eot_value(cost, eps):
+            p = torch.softmax(-cost / eps, dim=-1)
+            finite = torch.isfinite(cost)
+            terms = torch.where(finite, p * cost + eps * p * torch.log(p), torch.zeros_like(p))
+            return terms.sum(-1)
+    """)
+    assert "forbidden key" in message and "nan" in message and "torch.logsumexp" in message, message
+
+
+def test_nan_value_at_a_forbidden_key():
+    message = failure("ch3_one_sided_eot", "test_eot_value", """
+        def eot_value(cost, eps):
+            p = torch.softmax(-cost / eps, dim=-1)
+            return (p * cost).sum(-1) + eps * (p * torch.log(p)).sum(-1)
+    """)
+    assert "a finite number" in message and "nan" in message and "torch.logsumexp" in message, message
+
+
+def test_unnormalized_mixing_weights():
+    message = failure("ch4_continuous", "test_weighted_em_step", """
+        def weighted_em_step(points, weights, means, covs, mixing):
+            D = points.shape[-1]
+            diff = points[:, None, :] - means[None]
+            maha = (diff * torch.linalg.solve(covs, diff.unsqueeze(-1)).squeeze(-1)).sum(-1)
+            log_normal = -0.5 * (maha + torch.logdet(covs) + D * math.log(2 * math.pi))
+            resp = torch.softmax(torch.log(mixing) + log_normal, dim=-1)
+            wr = weights[:, None] * resp
+            Nk = wr.sum(0)
+            new_means = wr.T @ points / Nk[:, None]
+            centered = points[:, None, :] - new_means[None]
+            new_covs = torch.einsum("lk,lka,lkb->kab", wr, centered, centered) / Nk[:, None, None]
+            return new_means, new_covs, Nk
+    """)
+    assert "sum of the mixing weights" in message and "divide by the total weight" in message, message
+
+
+def test_gauss_legendre_with_200_nodes_passes_task_3(graded, capsys):
+    """The hint of chapter 4, Task 3 works: a Gauss-Legendre rule with 200 nodes passes every check."""
+    run_task("ch4_continuous", "test_continuous_sparsemax_1d", """
+        def continuous_sparsemax_1d(mu, sigma2, centers, widths):
+            mu, sigma2 = float(mu), float(sigma2)
+            A = -float(tp_threshold(torch.tensor([[sigma2]])))
+            a = math.sqrt(2 * A * sigma2)
+            x, w = np.polynomial.legendre.leggauss(200)
+            t = torch.tensor(mu + a * x)
+            p = A - (t - mu) ** 2 / (2 * sigma2)
+            basis = torch.exp(-0.5 * ((t[:, None] - centers) / widths) ** 2) / (widths * math.sqrt(2 * math.pi))
+            return a * (torch.tensor(w) * p) @ basis
+    """)
+    assert "failed" not in capsys.readouterr().out
+
+
+def test_a_wrong_variance_fails_with_numbers():
+    message = failure("ch4_continuous", "test_truncated_parabola", """
+        def tp_threshold(Sigma):
+            D = Sigma.shape[-1]
+            return -(math.gamma(D / 2 + 2) / torch.sqrt(torch.linalg.det(2 * math.pi * Sigma))) ** (2 / (D + 2))
+
+        def tp_covariance(Sigma):
+            return -tp_threshold(Sigma)[..., None, None] * Sigma / 2.5  # D = 1 only
+
+        def tp_scale_from_covariance(cov):
+            return cov
+    """)
+    assert "the covariance for D = 2" in message and "expected" in message and "found" in message, message
