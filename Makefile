@@ -55,7 +55,7 @@ book: html
 	@echo "The book is at $(abspath $(HTML))/index.html"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests/lib tests/conventions tests/assignments tests/lab
+	$(BIN)/python -m pytest tests/lib tests/peers tests/conventions tests/assignments tests/lab
 	# the GPU parity tests skip without CUDA: run them CPU-against-CPU so that their code stays current
 	ATTNOPT_PARITY_DEVICE=cpu $(BIN)/python -m pytest -q tests/lib/test_device_parity.py
 	$(BIN)/python -m pytest --doctest-modules src/attnopt
