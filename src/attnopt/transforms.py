@@ -45,7 +45,6 @@ References:
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -53,7 +52,7 @@ import torch
 from ._numerics import log_or_neg_inf
 from ._transforms_one_sided import OneSidedEOTFunction, regularizer_gradient
 from ._transforms_sinkhorn import SinkhornImplicitFunction, SinkhornUnrolledFunction, rows_to_attention
-from ._transforms_thresholds import EntmaxBisectFunction, SoftmaxFunction, SparseEntmaxFunction, safe_max
+from ._transforms_thresholds import EntmaxBisectFunction, SoftmaxFunction, SparseEntmaxFunction, bisect_iterations, safe_max
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
@@ -383,7 +382,7 @@ def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> to
     return _sparse_entmax(scores, dim, method, power=2)
 
 
-def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None = None, tol: float = 1e-6) -> torch.Tensor:
+def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None = None, tol: float | None = None) -> torch.Tensor:
     r""":math:`\alpha`-entmax of Peters, Niculae and Martins (2019) for any :math:`\alpha\ge 1`.
 
     .. math::
@@ -433,9 +432,10 @@ def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None
     """
     x, d = _prepare(scores, dim)
     alpha = check_number(alpha, "alpha", low=1.0, hint=" (alpha=1 is softmax)")
-    tol = check_positive(tol, "tol")
+    if tol is not None:
+        tol = check_positive(tol, "tol")
     if n_iter is None:
-        n_iter = max(1, math.ceil(math.log2(1.0 / tol)))
+        n_iter = bisect_iterations(alpha, x.shape[d] if x.ndim else 1, _work_dtype(x), tol)
     n_iter = check_int(n_iter, "n_iter")
     if x.numel() == 0:
         return _empty_result(x)
