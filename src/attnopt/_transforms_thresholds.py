@@ -68,7 +68,7 @@ def support_weights(p: torch.Tensor, alpha: float) -> torch.Tensor:
     return torch.where(on, torch.where(on, p, torch.ones_like(p)) ** (2.0 - alpha), torch.zeros_like(p))
 
 
-def threshold_sort(y: torch.Tensor, power: int) -> torch.Tensor:
+def threshold_sort(y: torch.Tensor, power: int, *, split: bool = False):
     r"""Exact threshold :math:`\lambda` with :math:`\sum_j [y_j-\lambda]_+^{power} = 1` by sorting.
 
     ``y`` has its maximum at 0 (or is all ``-inf``).  For ``power=1`` (sparsemax) the support is
@@ -95,11 +95,27 @@ def threshold_sort(y: torch.Tensor, power: int) -> torch.Tensor:
     # length, and on a row of 10^6 keys it is enough to miss sum(p) = 1 by 1e-6 in float32.
     # One exact solve on the support found, from sums that torch computes pairwise, removes it.
     # (Its sums accumulate in float64, for the reason given in threshold_newton.)
+    # With ``split`` the result is the pair (hi, lo) of :func:`split_threshold`.
     r = torch.clamp(y - lam, min=0)
     s1 = r.sum(dim=-1, keepdim=True, dtype=torch.float64)
     s2 = (r * r).sum(dim=-1, keepdim=True, dtype=torch.float64) if power == 2 else None
     size = torch.sign(r).sum(dim=-1, keepdim=True, dtype=torch.float64)
-    return lam + root_step(s1, s2, size, power, 1.0).to(lam.dtype)
+    lam = lam.to(torch.float64) + root_step(s1, s2, size, power, 1.0)
+    return split_threshold(lam, y.dtype) if split else lam.to(y.dtype)
+
+
+def split_threshold(lam: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""A float64 threshold as ``hi + lo`` in ``dtype`` (``lo = 0`` for float64), for :math:`(y - hi) - lo`.
+
+    On a long row a float32 threshold is not fine enough: its rounding, :math:`\epsilon|\delta|/2`,
+    moves every one of the :math:`|S|` weights, by :math:`\epsilon|\delta|\sum_S\sqrt{p_j}/2` in
+    all for 1.5-entmax, :math:`10^{-6}` on a row of :math:`10^6` scores near :math:`10^6` (float32
+    spacing 1/16, so in ties of a third of the row).  :math:`y - hi` is exact where it matters
+    (Sterbenz: :math:`y` near the threshold), and subtracting the small ``lo`` then rounds only
+    relative to the weight.
+    """
+    hi = lam.to(dtype)
+    return hi, (lam - hi.to(torch.float64)).to(dtype)
 
 
 def root_step(s1: torch.Tensor, s2: torch.Tensor | None, size: torch.Tensor, power: int, target: float) -> torch.Tensor:
@@ -217,11 +233,13 @@ def threshold_newton(x: torch.Tensor, top: torch.Tensor, power: int, buf: torch.
     # last place, and the threshold would carry that error into every weight.
     s1, s2, count = moments(rows, tops, result, scratch, acc=torch.float64)
     bad = unsettled | (count != sizes).squeeze(-1)
-    step = root_step(s1, s2, count, power, target).to(result.dtype)
-    result = result + torch.where(bad.unsqueeze(-1), torch.zeros_like(result), step)
+    step = root_step(s1, s2, count, power, target)
+    precise = result.to(torch.float64) + torch.where(bad.unsqueeze(-1), torch.zeros_like(step), step)
+    result, low = split_threshold(precise, result.dtype)
     s1, count = s1.to(result.dtype), count.to(result.dtype)
     if not fallback:
-        return result.reshape(top.shape), bad.reshape(top.shape[:-1]), count.reshape(top.shape), s1.reshape(top.shape)
+        shape = top.shape
+        return result.reshape(shape), low.reshape(shape), bad.reshape(shape[:-1]), count.reshape(shape), s1.reshape(shape)
     if bool(bad.any()):  # one host read per call, outside any loop
         y = (rows[bad] - tops[bad]) / power
         result[bad] = power * threshold_sort(y, power)
@@ -269,14 +287,16 @@ def threshold_bisect(x: torch.Tensor, alpha: float, n_iter: int) -> torch.Tensor
     n = torch.isfinite(y).sum(dim=-1, keepdim=True).clamp(min=1).to(y.dtype)
     newton = alpha <= 2.0  # f is convex exactly when a >= 1
 
+    f64 = torch.float64  # sums accumulate in float64 (see threshold_newton); the passes stay in y's dtype
+
     def f_and_slope(lam):
         r = torch.clamp(y - lam, min=0)
         if a == 1.0:
-            return r.sum(-1, keepdim=True) - 1, torch.sign(r).sum(-1, keepdim=True)
+            return r.sum(-1, keepdim=True, dtype=f64) - 1, torch.sign(r).sum(-1, keepdim=True, dtype=f64)
         t = r ** (a - 1.0) if newton else None
         q = t * r if newton else r**a
-        slope = a * t.sum(-1, keepdim=True) if newton else None
-        return q.sum(-1, keepdim=True) - 1, slope
+        slope = a * t.sum(-1, keepdim=True, dtype=f64) if newton else None
+        return q.sum(-1, keepdim=True, dtype=f64) - 1, slope
 
     if not newton:
         # g(u) = f(-exp(u)) increases with u; g(0) = f(-1) >= 0 >= g((1 - alpha) log n).
@@ -296,7 +316,7 @@ def threshold_bisect(x: torch.Tensor, alpha: float, n_iter: int) -> torch.Tensor
             mid = (lo + hi) / 2
             # Newton from the lower end never overshoots a convex decreasing f; the bracket
             # guards against rounding and flat rows.
-            step = lo + f_lo / df_lo.clamp(min=torch.finfo(y.dtype).tiny)
+            step = (lo.to(f64) + f_lo / df_lo.clamp(min=torch.finfo(y.dtype).tiny)).to(y.dtype)
             c = torch.where((step > lo) & (step < hi), step, mid)
             f_c, df_c = f_and_slope(c)
             up = f_c >= 0
@@ -304,9 +324,15 @@ def threshold_bisect(x: torch.Tensor, alpha: float, n_iter: int) -> torch.Tensor
             hi = torch.where(up, hi, c)
             f_lo = torch.where(up, f_c, f_lo)
             df_lo = torch.where(up, df_c, df_lo)
-        step = lo + f_lo / df_lo.clamp(min=torch.finfo(y.dtype).tiny)
-        lam = torch.where((step >= lo) & (step <= hi), step, lo)
-    p = torch.clamp(y - lam, min=0) ** a
+        # The last step is kept in float64 and applied as hi + lo (split_threshold): a float32
+        # threshold alone is too coarse on long rows.
+        step = lo.to(f64) + f_lo / df_lo.clamp(min=torch.finfo(y.dtype).tiny)
+        lam = torch.where((step >= lo.to(f64)) & (step <= hi.to(f64)), step, lo.to(f64))
+    lam_hi, lam_lo = split_threshold(lam.to(f64), y.dtype)
+    p = y - lam_hi
+    if y.dtype != f64:
+        p = p.sub_(lam_lo)
+    p = torch.clamp(p, min=0) ** a
     total = p.sum(dim=-1, keepdim=True)
     p = p / torch.where(total > 0, total, torch.ones_like(total))  # exact normalization
     return p
@@ -348,11 +374,12 @@ class _TsallisBackward(Function):
 def sparse_entmax_sort(x: torch.Tensor, top: torch.Tensor, power: int) -> torch.Tensor:
     """Sparsemax (``power=1``) or 1.5-entmax (``power=2``) of the rows of ``x`` by :func:`threshold_sort`."""
     y = (x - top) / power
-    p = torch.clamp(y - threshold_sort(y, power), min=0)
+    hi, lo = threshold_sort(y, power, split=True)
+    p = (y - hi).sub_(lo).clamp_(min=0) if y.dtype != torch.float64 else (y - hi).clamp_(min=0)
     return p.square_() if power == 2 else p
 
 
-def sparse_entmax_newton(x: torch.Tensor, top: torch.Tensor, power: int) -> torch.Tensor:
+def sparse_entmax_newton(x: torch.Tensor, top: torch.Tensor, power: int, live: torch.Tensor) -> torch.Tensor:
     r"""Sparsemax or 1.5-entmax by :func:`threshold_newton`, certified by the residual :math:`\sum_j p_j - 1`.
 
     The support certificate of :func:`threshold_newton` cannot see a threshold that is on the
@@ -364,11 +391,14 @@ def sparse_entmax_newton(x: torch.Tensor, top: torch.Tensor, power: int) -> torc
     where reads are not allowed (``method="newton"`` off the CPU) it is that one read.
     """
     buf = torch.empty_like(x)
-    delta, bad, size, s1 = threshold_newton(x, top, power, buf, fallback=False)
-    p = torch.sub(x, top, out=buf).sub_(delta).clamp_(min=0)  # the buffer's pages are already mapped
+    delta, delta_lo, bad, size, s1 = threshold_newton(x, top, power, buf, fallback=False)
+    p = torch.sub(x, top, out=buf).sub_(delta)  # the buffer's pages are already mapped
+    if p.dtype != torch.float64:
+        p.sub_(delta_lo)  # the threshold's low part (split_threshold)
+    p.clamp_(min=0)
     if power == 2:
         p.mul_(0.5).square_()
-    live = (size > 0).squeeze(-1)  # an all -inf row has no support and sums to 0
+    live = live.squeeze(-1)  # (rows with a finite score) an all -inf row sums to 0
     slope = size if power == 1 else s1 / 2  # d sum(p) / d delta: |S|, or sum_S sqrt(p) = s1 / 2
     tol = 16 * torch.finfo(p.dtype).eps * (1 + delta.abs() * slope).squeeze(-1)
     bad = bad | ((p.sum(dim=-1, dtype=torch.float64) - live.to(torch.float64)).abs() > tol)
@@ -382,11 +412,13 @@ class SparseEntmaxFunction(_TsallisBackward):
 
     @staticmethod
     def forward(ctx, x, power, method):
-        top = safe_max(x)
+        top = x.amax(dim=-1, keepdim=True)
+        live = torch.isfinite(top)
+        top = torch.where(live, top, torch.zeros_like(top))  # safe_max
         if method == "sort":
             p = sparse_entmax_sort(x, top, power)
         else:
-            p = sparse_entmax_newton(x, top, power)
+            p = sparse_entmax_newton(x, top, power, live)
         ctx.alpha = 1.0 + 1.0 / power  # sparsemax is 2-entmax, p = [.]_+^(1/(alpha-1))
         ctx.save_for_backward(p)
         return p
