@@ -234,7 +234,7 @@ def _support_size(zs, power):
         mean = np.cumsum(zs) / k_all
         lam = mean - np.sqrt(np.clip(1 / k_all - (np.cumsum(zs * zs) / k_all - mean * mean), 0, None))
     k = int(np.nonzero(zs > lam)[0].max()) + 1
-    for cand in sorted(set(range(max(1, k - 3), min(len(zs), k + 3) + 1)), reverse=True):
+    for cand in range(min(len(zs), k + 1), max(1, k - 1) - 1, -1):
         if zs[cand - 1] > _threshold_on(zs[:cand], power):
             return cand
     return k
@@ -270,10 +270,10 @@ def _read_free(f, s, **kw):
         return f(s, **kw)
 
 
-def assert_exact(p, x, power):
+def assert_exact(p, x, power, ref=None):
     """Rows sum to 1 (dead rows to 0) and the weights are the exact ones, both within EXACT_TOL."""
     tol = EXACT_TOL[x.dtype]
-    ref = exact_sparse(x, power)
+    ref = exact_sparse(x, power) if ref is None else ref
     live = torch.isfinite(x).any(dim=-1).double()
     total = p.double().sum(dim=-1)
     assert (total - live).abs().max().item() <= tol, (total - live).abs().max().item()
@@ -296,17 +296,18 @@ def test_sparse_transforms_exact_on_every_row(n, spread, dtype, call, seed, mask
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_sparse_transforms_exact_on_rows_of_a_million(dtype):
-    # The issue's reproducer (300,000 equal scores: entmax15's Newton path summed to 1.065) and
-    # rows of 10^6 keys: flat with a forbidden key (no dense-row shortcut), tiny noise on 1e6.
+    # The issue's reproducer (300,000 equal scores: entmax15's Newton path summed to 1.065) and a
+    # row of 10^6 keys near 1e6 with tiny noise (in float32: ties a third of the row wide at
+    # spacing 1/16) and a forbidden key, so no dense-row shortcut applies.
     g = torch.Generator().manual_seed(21)
     equal = torch.zeros(1, 300_000, dtype=dtype)
-    flat = torch.zeros(1, 10**6, dtype=dtype)
-    flat[0, 17] = NEG_INF
     noisy = (1e6 + 1e-2 * torch.randn(1, 10**6, generator=g, dtype=torch.float64)).to(dtype)
-    for x in (equal, flat, noisy):
+    noisy[0, 17] = NEG_INF
+    for x in (equal, noisy):
+        refs = {power: exact_sparse(x, power) for power in (1, 2)}
         for call in ("sparsemax", "sparsemax sort", "entmax15", "entmax15 sort", "entmax alpha=1.5"):
             power, f = SPARSE_CALLS[call]
-            assert_exact(f(x), x, power)
+            assert_exact(f(x), x, power, refs[power])
 
 
 def test_residual_certificate_catches_a_threshold_off_in_its_last_digits(monkeypatch):
@@ -397,8 +398,9 @@ def double_backward_cases():
     }
     for alpha in (1.25, 1.5, 2.0, 2.25, 3.0, 5.0):
         cases[f"entmax {alpha}"] = lambda z, alpha=alpha: T.entmax(z, alpha)
-    for reg in ("entropy", "l2", "tsallis", "kl"):
-        cases[f"one_sided_eot {reg}"] = lambda z, reg=reg: T.one_sided_eot(-z, 0.8, reg, prior=prior if reg == "kl" else None)
+    for reg in ("entropy", "l2", "tsallis", "kl"):  # (a nested bisection: a quarter of the keys, fast mode)
+        cases[f"one_sided_eot {reg}"] = lambda z, reg=reg: T.one_sided_eot(
+            -z[:2, :3], 0.8, reg, prior=prior[:2, :3] if reg == "kl" else None, n_iter=50)
     return cases
 
 
@@ -409,7 +411,8 @@ def test_second_derivatives(name):
     # differences of the backward, with a forbidden key in one row.
     x = rand(3, 6, seed=3, scale=1.5)
     x[0, 2] = NEG_INF
-    assert torch.autograd.gradgradcheck(double_backward_cases()[name], (x.requires_grad_(),))
+    fast = name.startswith("one_sided_eot")
+    assert torch.autograd.gradgradcheck(double_backward_cases()[name], (x.requires_grad_(),), fast_mode=fast)
 
 
 # ---------------------------------------------------------------- properties (hypothesis)
