@@ -93,8 +93,8 @@ def threshold_sort(y: torch.Tensor, power: int, *, split: bool = False):
     # The cumulative sums add up to n terms one after the other (and the variance formula
     # subtracts two nearly equal numbers on flat rows): their rounding error grows with the row
     # length, and on a row of 10^6 keys it is enough to miss sum(p) = 1 by 1e-6 in float32.
-    # One exact solve on the support found, from sums that torch computes pairwise, removes it.
-    # (Its sums accumulate in float64, for the reason given in threshold_newton.)
+    # One exact solve on the support found (root_step), from sums that torch adds pairwise and
+    # accumulates in float64 (see threshold_newton), removes it.
     # With ``split`` the result is the pair (hi, lo) of :func:`split_threshold`.
     r = torch.clamp(y - lam, min=0)
     s1 = r.sum(dim=-1, keepdim=True, dtype=torch.float64)
@@ -160,7 +160,8 @@ def threshold_newton(x: torch.Tensor, top: torch.Tensor, power: int, buf: torch.
     from the result (:func:`root_step`), which removes the rounding error of a root computed far
     from it.  Rows that fail the certificate or run out of steps (rare) are solved by sorting, so
     the result is exact; with ``fallback=False`` they are returned instead, as the flags ``bad``,
-    with the threshold and :math:`s_1=\sum_S[y_j-\delta]` at it: ``(delta, bad, s1)``
+    with the threshold as ``delta + delta_lo`` (:func:`split_threshold`), the support size and
+    :math:`s_1=\sum_S[y_j-\delta]` before the last solve: ``(delta, delta_lo, bad, size, s1)``
     (:func:`sparse_entmax_newton` adds the residual certificate and sorts them).
 
     Speed: every pass works in the preallocated buffer ``buf`` (shaped like ``x``) with in-place

@@ -35,8 +35,8 @@ def test_sabotaged_attnopt_fails_the_vendored_tests(tmp_path):
     src = str(Path(attnopt.__file__).parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), src]))
     files = [str(HERE / "test_entmax_losses.py")]
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "-p", "attnopt_sabotage", "-k", "test_loss", *files],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "-p", "attnopt_sabotage", "-k", "test_loss", *files]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = run.stdout + run.stderr
     assert run.returncode == 1, out  # 1: tests ran and some failed (not a usage or import error)
     failed = set(re.findall(r"^FAILED \S+::(\S+)", out, flags=re.M))
