@@ -288,16 +288,16 @@ def threshold_bisect(x: torch.Tensor, alpha: float, n_iter: int) -> torch.Tensor
     n = torch.isfinite(y).sum(dim=-1, keepdim=True).clamp(min=1).to(y.dtype)
     newton = alpha <= 2.0  # f is convex exactly when a >= 1
 
-    f64 = torch.float64  # sums accumulate in float64 (see threshold_newton); the passes stay in y's dtype
+    f64 = torch.float64
 
-    def f_and_slope(lam):
+    def f_and_slope(lam, acc=None):  # acc=float64: the sums accumulate in float64 (see threshold_newton)
         r = torch.clamp(y - lam, min=0)
         if a == 1.0:
-            return r.sum(-1, keepdim=True, dtype=f64) - 1, torch.sign(r).sum(-1, keepdim=True, dtype=f64)
+            return r.sum(-1, keepdim=True, dtype=acc) - 1, torch.sign(r).sum(-1, keepdim=True, dtype=acc)
         t = r ** (a - 1.0) if newton else None
         q = t * r if newton else r**a
-        slope = a * t.sum(-1, keepdim=True, dtype=f64) if newton else None
-        return q.sum(-1, keepdim=True, dtype=f64) - 1, slope
+        slope = a * t.sum(-1, keepdim=True, dtype=acc) if newton else None
+        return q.sum(-1, keepdim=True, dtype=acc) - 1, slope
 
     if not newton:
         # g(u) = f(-exp(u)) increases with u; g(0) = f(-1) >= 0 >= g((1 - alpha) log n).
@@ -317,7 +317,7 @@ def threshold_bisect(x: torch.Tensor, alpha: float, n_iter: int) -> torch.Tensor
             mid = (lo + hi) / 2
             # Newton from the lower end never overshoots a convex decreasing f; the bracket
             # guards against rounding and flat rows.
-            step = (lo.to(f64) + f_lo / df_lo.clamp(min=torch.finfo(y.dtype).tiny)).to(y.dtype)
+            step = lo + f_lo / df_lo.clamp(min=torch.finfo(y.dtype).tiny)
             c = torch.where((step > lo) & (step < hi), step, mid)
             f_c, df_c = f_and_slope(c)
             up = f_c >= 0
@@ -325,10 +325,15 @@ def threshold_bisect(x: torch.Tensor, alpha: float, n_iter: int) -> torch.Tensor
             hi = torch.where(up, hi, c)
             f_lo = torch.where(up, f_c, f_lo)
             df_lo = torch.where(up, df_c, df_lo)
-        # The last step is kept in float64 and applied as hi + lo (split_threshold): a float32
-        # threshold alone is too coarse on long rows.
+        # The last step starts from sums accumulated in float64 (one more pass, below float64),
+        # is kept in float64 and applied as hi + lo (split_threshold): on a long row a float32
+        # sum, or a float32 threshold, is too coarse.
+        if y.dtype != f64:
+            f_lo, df_lo = f_and_slope(lo, f64)
         step = lo.to(f64) + f_lo / df_lo.clamp(min=torch.finfo(y.dtype).tiny)
-        lam = torch.where((step >= lo.to(f64)) & (step <= hi.to(f64)), step, lo.to(f64))
+        # Clamped into the bracket: a float32 bracket end may sit a rounding error on the wrong
+        # side of the float64 step, which is then still the better estimate.
+        lam = torch.minimum(torch.maximum(step, lo.to(f64)), hi.to(f64))
     lam_hi, lam_lo = split_threshold(lam.to(f64), y.dtype)
     p = y - lam_hi
     if y.dtype != f64:
