@@ -5,6 +5,8 @@ and of Sinkhorn attention against a plain log-domain loop that syncs with the ho
     python benchmarks/transforms.py --quick    # small shape only, shorter Sinkhorn
     python benchmarks/transforms.py --device cuda   # the same on a GPU (Newton rows added)
     python benchmarks/transforms.py --threads 1     # one intra-op thread
+    python benchmarks/transforms.py --baseline-commit SHA   # also: this tree against that commit,
+                                                           # interleaved (sparsemax, entmax15, entmax)
 
 Every row reports the max abs error against a float64 reference; iterative baselines are given
 the fewest iterations that reach <= 1e-6 (equal accuracy), so no baseline is handicapped by doing
@@ -14,7 +16,12 @@ more work than it needs.  Ratios are baseline time / attnopt time (> 1: attnopt 
 from __future__ import annotations
 
 import argparse
+import importlib
 import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import entmax as E
 import torch
@@ -78,7 +85,7 @@ def transform_rows(shape, min_run_time, skip_slow):
     cases += [
         (f"entmax α=1.5, n_iter={k_ours}", f"entmax_bisect n_iter={k_pkg}", lambda z: E.entmax_bisect(z, 1.5, -1, n_iter=k_pkg),
          lambda z: T.entmax(z, 1.5, n_iter=k_ours), "entmax15"),
-        ("entmax α=1.5, default tol=1e-6", f"entmax_bisect n_iter={k_pkg}", lambda z: E.entmax_bisect(z, 1.5, -1, n_iter=k_pkg),
+        ("entmax α=1.5, default (working precision)", f"entmax_bisect n_iter={k_pkg}", lambda z: E.entmax_bisect(z, 1.5, -1, n_iter=k_pkg),
          lambda z: T.entmax(z, 1.5), "entmax15"),
         ("softmax", "torch.softmax", lambda z: torch.softmax(z, -1), lambda z: T.softmax(z), "softmax"),
     ]
@@ -132,11 +139,47 @@ def sinkhorn_rows(shape, n_iter, min_run_time):
     return rows
 
 
+def load_commit(commit):
+    """attnopt.transforms of a git commit, with the whole package of that commit as a temporary
+    package of another name (its imports are relative); as in benchmarks/continuous.py."""
+    root = Path(__file__).resolve().parent.parent
+    git = lambda *a: subprocess.run(["git", *a], cwd=root, check=True, capture_output=True, text=True).stdout  # noqa: E731
+    pkg = Path(tempfile.mkdtemp()) / f"attnopt_{commit[:8]}"
+    pkg.mkdir()
+    for path in git("ls-tree", "-r", "--name-only", commit, "src/attnopt/").split():
+        if path.endswith(".py") and path.count("/") == 2:  # the package's own modules
+            (pkg / Path(path).name).write_text(git("show", f"{commit}:{path}"))
+    sys.path.insert(0, str(pkg.parent))
+    return importlib.import_module(f"{pkg.name}.transforms")
+
+
+def against_commit(old, shape, rounds, min_run_time):
+    """This tree's default sparsemax, entmax15 and entmax(1.5) against the commit's, forward +
+    backward, timed in alternation (``rounds`` rounds; medians), so that the load of a shared
+    machine hits both alike."""
+    torch.manual_seed(0)
+    x = torch.randn(*shape).to(DEVICE)
+    g = torch.randn(*shape).to(DEVICE)
+    cases = [("sparsemax", T.sparsemax, old.sparsemax), ("entmax15", T.entmax15, old.entmax15),
+             ("entmax α=1.5, default", lambda z: T.entmax(z, 1.5), lambda z: old.entmax(z, 1.5))]
+    rows = []
+    for name, new_fn, old_fn in cases:
+        t_new, t_old = [], []
+        for _ in range(rounds):
+            t_old.append(median_ms(old_fn, x, g, min_run_time))
+            t_new.append(median_ms(new_fn, x, g, min_run_time))
+        t_old.sort()
+        t_new.sort()
+        rows.append((str(tuple(shape)), name, t_old[rounds // 2], t_new[rounds // 2]))
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small transform shape and a smaller Sinkhorn batch only")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU; default: torch's)")
+    parser.add_argument("--baseline-commit", default=None, help="also time the sparse transforms of this git commit, interleaved")
     args = parser.parse_args()
     global DEVICE
     DEVICE = torch.device(args.device)
@@ -152,6 +195,16 @@ def main():
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for shape, name, base, tb, eb, to, eo in rows:
         print(f"| {shape} | {name} | {base} | {tb:.1f} | {eb:.1e} | {to:.1f} | {eo:.1e} | {tb / to:.2f}× |")
+    if args.baseline_commit:
+        old = load_commit(args.baseline_commit)
+        pairs = against_commit(old, (1024, 512), 5, 0.2)
+        if not args.quick:
+            pairs += against_commit(old, (64, 12, 128, 128), 3, 0.05)
+        print(f"\nThis tree against {args.baseline_commit[:8]}, interleaved (medians), forward + backward:\n")
+        print(f"| input | transform | {args.baseline_commit[:8]} ms | this tree ms | time ratio (this / commit) |")
+        print("|---|---|---:|---:|---:|")
+        for shape, name, t_old, t_new in pairs:
+            print(f"| {shape} | {name} | {t_old:.1f} | {t_new:.1f} | {t_new / t_old:.2f} |")
 
 
 if __name__ == "__main__":

@@ -107,9 +107,14 @@ class OneSidedEOTFunction(Function):
         (p,) = ctx.saved_tensors
         # Implicit function theorem on the KKT system: dp/dC = -(diag(h) - h h^T / sum h) / eps
         # with h = 1 / omega''(p) on the support, omega'' obtained by autograd of omega'.
+        # In a double backward (create_graph=True, so grad mode is on here) omega'' stays a
+        # differentiable function of p, and autograd differentiates this whole expression.
         on = p > 0
+        create = torch.is_grad_enabled()
         with torch.enable_grad():
-            q = torch.where(on, p, torch.full_like(p, 0.5)).detach().requires_grad_(True)
-            (second,) = torch.autograd.grad(ctx.grad_omega(q).expand_as(q).sum(), q)
+            q = torch.where(on, p, torch.full_like(p, 0.5))
+            if not (create and q.requires_grad):
+                q = q.detach().requires_grad_(True)
+            (second,) = torch.autograd.grad(ctx.grad_omega(q).expand_as(q).sum(), q, create_graph=create)
         h = torch.where(on, 1 / second, torch.zeros_like(p))
         return -entmax_vjp(h, grad) / ctx.eps, None, None, None, None

@@ -62,7 +62,13 @@ from ._transforms_sinkhorn import (
     rows_to_attention,
     sinkhorn_plan,
 )
-from ._transforms_thresholds import EntmaxBisectFunction, SoftmaxFunction, SparseEntmaxFunction, safe_max
+from ._transforms_thresholds import (
+    EntmaxBisectFunction,
+    SoftmaxFunction,
+    SparseEntmaxFunction,
+    bisect_iterations,
+    safe_max,
+)
 from ._validation import (
     as_float_tensor,
     broadcast_shapes,
@@ -332,9 +338,12 @@ def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> t
 
     the "Sparsemax" row of the table of MTandHJ (2025) (its threshold, written :math:`\tau` there, is
     :math:`\lambda` here).  Exact: the threshold is found by sorting (``method="sort"``) or by
-    Michelot/Newton passes with an exactness certificate and a sorting fallback
-    (``method="newton"``, several times faster on CPU); ``"auto"`` picks Newton on CPU, sort
-    elsewhere.  Backward is closed form: :math:`\partial p/\partial s = \mathrm{diag}(m) - m m^\top/|S|`
+    Michelot/Newton passes with two certificates, the support and the residual
+    :math:`\sum_jp_j-1`, and a sorting fallback (``method="newton"``, several times faster on
+    CPU); ``"auto"`` picks Newton on CPU, sort elsewhere.  Both end with one solve on the support
+    from sums accumulated in float64 and apply the threshold in two parts, so that rows sum to 1
+    within a few units of the dtype's last place at any length (:math:`10^6` keys tested) and
+    offset.  Backward is closed form: :math:`\partial p/\partial s = \mathrm{diag}(m) - m m^\top/|S|`
     with :math:`m` the support indicator.
 
     Args:
@@ -393,7 +402,7 @@ def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> to
     return _sparse_entmax(scores, dim, method, power=2)
 
 
-def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None = None, tol: float = 1e-6) -> torch.Tensor:
+def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None = None, tol: float | None = None) -> torch.Tensor:
     r""":math:`\alpha`-entmax of Peters, Niculae and Martins (2019) for any :math:`\alpha\ge 1`.
 
     .. math::
@@ -408,19 +417,28 @@ def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None
     :math:`\Omega(p)`": :math:`\alpha\to 1` is :func:`softmax` (used when
     :math:`|\alpha-1|\le 10^{-6}`), :math:`\alpha=2` is :func:`sparsemax`, :math:`\alpha=1.5` is
     :func:`entmax15`.  The threshold is refined for a fixed number of iterations with no host
-    synchronization (Newton from below for :math:`\alpha\le2`, bisection above), and the result is
-    normalized to sum to one.  Backward is closed form,
+    synchronization (Newton from below for :math:`\alpha\le2`, bisection on
+    :math:`\log(-\lambda)` above), by default to the working precision, and the result is
+    normalized to sum to one.  The default matters for large :math:`\alpha`: near the edge of
+    the support :math:`p_j = r_j^{1/(\alpha-1)}` turns an error :math:`\epsilon` in the threshold
+    into :math:`\epsilon^{1/(\alpha-1)}` (a threshold to :math:`10^{-6}` gave weights off by
+    :math:`10^{-2}` at :math:`\alpha=5`).  Backward is closed form,
     :math:`\partial p/\partial s = \mathrm{diag}(w) - w w^\top/\sum_j w_j` with
-    :math:`w = p^{2-\alpha}` on the support.
+    :math:`w = p^{2-\alpha}` on the support, written in differentiable operations (second
+    derivatives are exact too).
 
     Args:
         scores: any shape; ``-inf`` entries get weight 0; an all-``-inf`` row gives zeros.
         alpha: :math:`\alpha\ge1`.
         dim: dimension that is normalized.
-        n_iter: number of refinement iterations; default
-            :math:`\lceil\log_2(1/\mathrm{tol})\rceil`, the number of bisection steps that shrink the
-            (width < 1) bracket below ``tol``.
-        tol: target accuracy on the threshold, used only when ``n_iter`` is None.
+        n_iter: number of refinement iterations; by default what ``tol`` needs: with ``tol=None``
+            30 Newton steps for :math:`\alpha\le2` and, above, the bisection steps that resolve
+            :math:`\log(-\lambda)` (an interval of width :math:`W=(\alpha-1)\log n` for
+            :math:`n` keys) to a quarter of the dtype's epsilon; with a ``tol``,
+            :math:`\lceil\log_2(1/\mathrm{tol})\rceil` (:math:`\alpha\le2`) or
+            :math:`\lceil\log_2(W/\mathrm{tol})\rceil` steps.
+        tol: target accuracy on the threshold (relative for :math:`\alpha>2`), used only when
+            ``n_iter`` is None; None (the default) means the working precision.
 
     Returns:
         Weights shaped and typed like ``scores``.
@@ -443,9 +461,10 @@ def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None
     """
     x, d = _prepare(scores, dim)
     alpha = check_number(alpha, "alpha", low=1.0, hint=" (alpha=1 is softmax)")
-    tol = check_positive(tol, "tol")
+    if tol is not None:
+        tol = check_positive(tol, "tol")
     if n_iter is None:
-        n_iter = max(1, math.ceil(math.log2(1.0 / tol)))
+        n_iter = bisect_iterations(alpha, x.shape[d] if x.ndim else 1, _work_dtype(x), tol)
     n_iter = check_int(n_iter, "n_iter")
     if x.numel() == 0:
         return _empty_result(x)

@@ -1,7 +1,11 @@
 """attnopt.transforms against independent references: the generic one-sided solver, the `entmax`
 package, POT's Sinkhorn, finite differences (gradcheck) and properties (hypothesis)."""
 
+import math
+
 import entmax as entmax_pkg
+import mpmath  # a dependency of torch (through sympy)
+import numpy as np
 import ot
 import pytest
 import torch
@@ -135,7 +139,7 @@ def test_entmax_matches_entmax_bisect(alpha):
     x = rand(32, 20, seed=8, scale=2.0)
     ref = entmax_pkg.entmax_bisect(x, alpha=alpha, dim=-1, n_iter=100)
     assert torch.allclose(T.entmax(x, alpha, n_iter=60), ref, atol=1e-10)
-    assert torch.allclose(T.entmax(x, alpha), ref, atol=1e-4)  # default tol=1e-6 on the threshold
+    assert torch.allclose(T.entmax(x, alpha), ref, atol=1e-10)  # the default iterates to working precision
 
 
 def test_entmax_special_cases():
@@ -184,6 +188,231 @@ def test_gradcheck_softmax_family():
     prior = torch.rand(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
     assert torch.autograd.gradcheck(lambda z: T.softmax(z, tau=0.5), (x,))
     assert torch.autograd.gradcheck(lambda z, q: T.prior_softmax(z, q, tau=0.5), (x, prior))
+
+
+# ---------------------------------------------------------------- exact on every row (issue 21)
+#
+# The reference solves the threshold on the input converted exactly to float64: the support by
+# sorting, then the threshold on that support from correctly rounded sums (math.fsum) in a form
+# that does not cancel.  Rows of up to 10^6 keys, nearly flat rows and huge offsets are where the
+# cumulative sums and the closed-form root of the library used to lose digits.
+
+
+def exact_sparse(x: torch.Tensor, power: int) -> torch.Tensor:
+    """Sparsemax (power 1) or 1.5-entmax (power 2) of each row of x, in float64, by an exact solve."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for i, row in enumerate(x.double().reshape(-1, x.shape[-1]).numpy()):
+        live = np.isfinite(row)
+        if not live.any():
+            continue
+        z = (row[live] - row[live].max()) / power  # exact: float64 differences of nearby numbers
+        zs = np.sort(z)[::-1]
+        k = _support_size(zs, power)
+        lam = _threshold_on(zs[:k], power)
+        p = np.clip(z - lam, 0, None) ** power
+        out.reshape(-1, x.shape[-1])[i, torch.from_numpy(live)] = torch.from_numpy(p)
+    return out
+
+
+def _threshold_on(zs, power):
+    k = len(zs)
+    if power == 1:
+        return (math.fsum(zs) - 1) / k
+    mean = math.fsum(zs) / k
+    m2 = math.fsum((zs - mean) ** 2)  # centred: no cancellation of two nearly equal sums
+    return mean - math.sqrt(max(1 - m2, 0.0) / k)
+
+
+def _support_size(zs, power):
+    # The largest k whose threshold lies below the k-th largest score (Martins and Astudillo's
+    # condition, and its 1.5-entmax analogue); the cumulative sums only guide the search, and the
+    # few candidates around their answer are checked with exact sums.
+    k_all = np.arange(1, len(zs) + 1)
+    if power == 1:
+        lam = (np.cumsum(zs) - 1) / k_all
+    else:
+        mean = np.cumsum(zs) / k_all
+        lam = mean - np.sqrt(np.clip(1 / k_all - (np.cumsum(zs * zs) / k_all - mean * mean), 0, None))
+    k = int(np.nonzero(zs > lam)[0].max()) + 1
+    for cand in range(min(len(zs), k + 1), max(1, k - 1) - 1, -1):
+        if zs[cand - 1] > _threshold_on(zs[:cand], power):
+            return cand
+    return k
+
+
+SPREADS = {
+    "constant": lambda g, n: torch.zeros(n, dtype=torch.float64),
+    "nearly flat": lambda g, n: 1e-7 * torch.randn(n, generator=g, dtype=torch.float64),
+    "tiny noise": lambda g, n: 1e-4 * torch.randn(n, generator=g, dtype=torch.float64),
+    "ramp": lambda g, n: torch.linspace(0, 1, n, dtype=torch.float64),
+    "steep ramp": lambda g, n: torch.linspace(-50, 50, n, dtype=torch.float64),
+    "huge offset": lambda g, n: 1e6 + 1e-2 * torch.randn(n, generator=g, dtype=torch.float64),
+    "ties": lambda g, n: torch.randint(0, 3, (n,), generator=g).double(),
+    "normal": lambda g, n: 3 * torch.randn(n, generator=g, dtype=torch.float64),
+}
+SPARSE_CALLS = {
+    "sparsemax": (1, lambda s: T.sparsemax(s)),
+    "sparsemax newton": (1, lambda s: T.sparsemax(s, method="newton")),
+    "sparsemax sort": (1, lambda s: T.sparsemax(s, method="sort")),
+    "sparsemax newton, read-free": (1, lambda s: _read_free(T.sparsemax, s, method="newton")),
+    "entmax15": (2, lambda s: T.entmax15(s)),
+    "entmax15 newton": (2, lambda s: T.entmax15(s, method="newton")),
+    "entmax15 sort": (2, lambda s: T.entmax15(s, method="sort")),
+    "entmax15 newton, read-free": (2, lambda s: _read_free(T.entmax15, s, method="newton")),
+    "entmax alpha=2": (1, lambda s: T.entmax(s, 2.0)),
+    "entmax alpha=1.5": (2, lambda s: T.entmax(s, 1.5)),
+}
+EXACT_TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
+
+
+def _read_free(f, s, **kw):
+    with attnopt.checks("async"):  # the branch every device but the CPU runs
+        return f(s, **kw)
+
+
+def assert_exact(p, x, power, ref=None):
+    """Rows sum to 1 (dead rows to 0) and the weights are the exact ones, both within EXACT_TOL."""
+    tol = EXACT_TOL[x.dtype]
+    ref = exact_sparse(x, power) if ref is None else ref
+    live = torch.isfinite(x).any(dim=-1).double()
+    total = p.double().sum(dim=-1)
+    assert (total - live).abs().max().item() <= tol, (total - live).abs().max().item()
+    l1 = (p.double() - ref).abs().sum(dim=-1)  # the total variation distance, times 2
+    assert l1.max().item() <= tol, l1.max().item()
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.one_of(st.integers(1, 40), st.integers(41, 3000)), spread=st.sampled_from(list(SPREADS)),
+       dtype=st.sampled_from([torch.float32, torch.float64]), call=st.sampled_from(list(SPARSE_CALLS)),
+       seed=st.integers(0, 10_000), masked=st.booleans())
+def test_sparse_transforms_exact_on_every_row(n, spread, dtype, call, seed, masked):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.stack([SPREADS[spread](g, n), SPREADS["normal"](g, n)]).to(dtype)
+    if masked and n > 1:
+        x[:, ::3] = NEG_INF  # -inf keys, and with n <= 3 rows with a single live key
+    power, f = SPARSE_CALLS[call]
+    assert_exact(f(x), x, power)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sparse_transforms_exact_on_rows_of_a_million(dtype):
+    # The issue's reproducer (300,000 equal scores: entmax15's Newton path summed to 1.065) and a
+    # row of 10^6 keys near 1e6 with tiny noise (in float32: ties a third of the row wide at
+    # spacing 1/16) and a forbidden key, so no dense-row shortcut applies.
+    g = torch.Generator().manual_seed(21)
+    equal = torch.zeros(1, 300_000, dtype=dtype)
+    noisy = (1e6 + 1e-2 * torch.randn(1, 10**6, generator=g, dtype=torch.float64)).to(dtype)
+    noisy[0, 17] = NEG_INF
+    for x in (equal, noisy):
+        refs = {power: exact_sparse(x, power) for power in (1, 2)}
+        for call in ("sparsemax", "sparsemax sort", "entmax15", "entmax15 sort", "entmax alpha=1.5"):
+            power, f = SPARSE_CALLS[call]
+            assert_exact(f(x), x, power, refs[power])
+
+
+def test_residual_certificate_catches_a_threshold_off_in_its_last_digits(monkeypatch):
+    # The support certificate cannot see a threshold on the right support that is slightly wrong;
+    # the sum of the weights can.  Spoil the threshold the Newton passes return (flags left as
+    # they are): the result must still be exact (those rows are sorted again).  Two spoils: a
+    # relative 1e-6 (the support stays right) and a threshold pushed above every score (no
+    # support at all, which must not pass for a dead row).
+    from attnopt import _transforms_thresholds as TT
+
+    true_newton = TT.threshold_newton
+    x = torch.zeros(2, 5000, dtype=torch.float64)
+    x[1, ::2] = -1.0
+    for spoil in (lambda d: d * (1 + 1e-6), lambda d: d.abs() + 1):
+        monkeypatch.setattr(TT, "threshold_newton", lambda *a, **k: (spoil(true_newton(*a, **k)[0]),) + true_newton(*a, **k)[1:])
+        for power, f in ((2, T.entmax15), (1, T.sparsemax)):
+            assert_exact(f(x, method="newton"), x, power)
+            delta, _, bad, _, _ = TT.threshold_newton(x, torch.zeros(2, 1, dtype=x.dtype), power, torch.empty_like(x), fallback=False)
+            p = torch.clamp((x - delta) / power, min=0) ** power
+            missed = (p.sum(-1) - 1).abs() > 1e-9  # what only the residual certificate catches:
+            assert (~bad).any() and missed[~bad].all()  # rows the support certificate passed
+
+
+# alpha-entmax against a reference at 40 digits (mpmath): bisection on the threshold of the
+# exactly represented input.  Near the edge of the support p_j = r_j^(1/(alpha-1)) amplifies any
+# rounding of r_j = y_j - lambda; the tolerance adds that first-order float64 floor (8 eps of
+# |y_j| + |lambda|, relative to r_j) to 1e-6, so a test row cannot fail on rounding alone.
+
+
+def entmax_reference(x: torch.Tensor, alpha: float):
+    mpmath.mp.dps = 40
+    am1 = mpmath.mpf(alpha) - 1
+    a = 1 / am1
+    p_out, floor = torch.zeros(x.shape, dtype=torch.float64), torch.zeros(x.shape, dtype=torch.float64)
+    for i, row in enumerate(x.tolist()):
+        idx = [j for j, v in enumerate(row) if math.isfinite(v)]
+        if not idx:
+            continue
+        top = max(mpmath.mpf(row[j]) for j in idx)
+        y = {j: (mpmath.mpf(row[j]) - top) * am1 for j in idx}
+        lo, hi = mpmath.mpf(-1), mpmath.mpf(0)
+        for _ in range(140):
+            mid = (lo + hi) / 2
+            if sum((v - mid) ** a for v in y.values() if v > mid) >= 1:
+                lo = mid
+            else:
+                hi = mid
+        lam = (lo + hi) / 2
+        for j, v in y.items():
+            if v > lam:
+                r = v - lam
+                p_out[i, j] = float(r**a)
+                floor[i, j] = float(a * r**a * 8 * 2.0**-52 * (abs(v) + abs(lam)) / r)
+    return p_out, floor
+
+
+@pytest.mark.parametrize("alpha", [1.01, 1.1, 1.3, 1.5, 1.8, 2.0, 2.25, 3.0, 5.0, 7.5, 10.0])
+def test_entmax_default_is_accurate_for_every_alpha(alpha):
+    g = torch.Generator().manual_seed(int(alpha * 100))
+    x = torch.randn(10, 9, generator=g, dtype=torch.float64) * 2
+    x[0] *= 1e-3  # nearly flat: the threshold is tiny for a large alpha
+    x[1] = torch.round(x[1])  # ties
+    x[2, ::2] = NEG_INF
+    x[3] = NEG_INF
+    ref, floor = entmax_reference(x, alpha)
+    err = (T.entmax(x, alpha) - ref).abs()
+    assert (err <= 1e-6 + floor).all(), (err - floor).max().item()
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0, 2.25, 3.0, 5.0, 7.5, 10.0])
+def test_gradcheck_entmax_default_settings(alpha):
+    x = rand(4, 7, seed=12, scale=2.0).requires_grad_()
+    assert torch.autograd.gradcheck(lambda z: T.entmax(z, alpha), (x,))
+
+
+# ---------------------------------------------------------------- second derivatives (issue 21)
+
+
+def double_backward_cases():
+    prior = torch.rand(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) + 0.1
+    cases = {
+        "softmax": lambda z: T.softmax(z, tau=0.7),
+        "prior_softmax": lambda z: T.prior_softmax(z, prior, tau=0.7),
+        "sparsemax newton": lambda z: T.sparsemax(z, method="newton"),
+        "sparsemax sort": lambda z: T.sparsemax(z, method="sort"),
+        "entmax15 newton": lambda z: T.entmax15(z, method="newton"),
+        "entmax15 sort": lambda z: T.entmax15(z, method="sort"),
+    }
+    for alpha in (1.25, 1.5, 2.0, 2.25, 3.0, 5.0):
+        cases[f"entmax {alpha}"] = lambda z, alpha=alpha: T.entmax(z, alpha)
+    for reg in ("entropy", "l2", "tsallis", "kl"):  # (a nested bisection: a quarter of the keys, fast mode)
+        cases[f"one_sided_eot {reg}"] = lambda z, reg=reg: T.one_sided_eot(
+            -z[:2, :3], 0.8, reg, prior=prior[:2, :3] if reg == "kl" else None, n_iter=50)
+    return cases
+
+
+@pytest.mark.parametrize("name", list(double_backward_cases()))
+def test_second_derivatives(name):
+    # Every autograd Function of the transforms (Sinkhorn's aside) has a backward written in
+    # differentiable torch ops, so its double backward is exact: gradgradcheck against finite
+    # differences of the backward, with a forbidden key in one row.
+    x = rand(3, 6, seed=3, scale=1.5)
+    x[0, 2] = NEG_INF
+    fast = name.startswith("one_sided_eot")
+    assert torch.autograd.gradgradcheck(double_backward_cases()[name], (x.requires_grad_(),), fast_mode=fast)
 
 
 # ---------------------------------------------------------------- properties (hypothesis)
