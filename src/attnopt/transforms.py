@@ -51,9 +51,8 @@ from typing import Callable
 
 import torch
 
-from ._numerics import log_or_neg_inf
+from ._numerics import ConvergenceWarning, log_or_neg_inf
 from ._transforms_one_sided import OneSidedEOTFunction, regularizer_gradient
-from ._numerics import ConvergenceWarning
 from ._transforms_sinkhorn import (
     SinkhornImplicitFunction,
     SinkhornResult,

@@ -70,16 +70,16 @@ CASES: dict[str, Case] = {
         lambda s: T.sinkhorn_attention(s, 0.7, 12, tol=None), lambda: (_rand(3, 4, seed=1),), REFUSED),
     "attnopt._transforms_sinkhorn.SinkhornImplicitFunction": Case(
         lambda s: T.sinkhorn_attention(s, 0.7, 12, tol=None, grad="implicit"), lambda: (_rand(3, 4, seed=2),), REFUSED),
-    # the generic one-sided solver: implicit gradient at a detached solution
+    # the generic one-sided solver: implicit gradient, Omega'' kept differentiable
     "attnopt._transforms_one_sided.OneSidedEOTFunction": Case(
-        lambda c: T.one_sided_eot(c, 0.5, "tsallis", alpha=1.5), lambda: (_rand(2, 5, seed=3),), REFUSED),
-    # softmax and the entmaxes (branch i21-transforms makes them correct or refused)
+        lambda c: T.one_sided_eot(c, 0.5, "tsallis", alpha=1.5), lambda: (_rand(2, 5, seed=3),), CORRECT),
+    # softmax and the entmaxes: backward passes written in differentiable torch ops
     "attnopt._transforms_thresholds.SoftmaxFunction": Case(
-        lambda s: T.softmax(s), lambda: (_rand(2, 5, seed=4),), EITHER),
+        lambda s: T.softmax(s), lambda: (_rand(2, 5, seed=4),), CORRECT),
     "attnopt._transforms_thresholds.SparseEntmaxFunction": Case(
-        lambda s: T.entmax15(s), lambda: (_rand(2, 6, seed=5),), EITHER),
+        lambda s: T.entmax15(s), lambda: (_rand(2, 6, seed=5),), CORRECT),
     "attnopt._transforms_thresholds.EntmaxBisectFunction": Case(
-        lambda s: T.entmax(s, 1.7), lambda: (_rand(2, 6, seed=6),), EITHER),
+        lambda s: T.entmax(s, 1.7), lambda: (_rand(2, 6, seed=6),), CORRECT),
     # chapter 4: continuous softmax and sparsemax, closed-form moments with hand-written backwards
     "attnopt._continuous_softmax.ContinuousSoftmaxFn": Case(
         lambda m, S: C.continuous_softmax(m, S, _basis()), lambda: (0.5 + 0.1 * _rand(2, 2, seed=7), _spd(8)), REFUSED),
@@ -93,11 +93,11 @@ BASES = {
 }
 # The refusal itself (attnopt._numerics.differentiable_once): its backward always raises.
 REFUSALS = {"attnopt._numerics._SecondDerivativeRefused"}
-# Silently wrong on main (NaN second derivatives of entmax15 and alpha-entmax, issue #21), made
-# correct or refused by branch i21-transforms: delete these two entries when it is merged.
-KNOWN_WRONG = {"attnopt._transforms_thresholds.SparseEntmaxFunction", "attnopt._transforms_thresholds.EntmaxBisectFunction"}
+# Functions known to give a silently wrong second derivative (none now: entmax15's and
+# alpha-entmax's NaN second derivatives of issue #21 are fixed); an entry here is an xfail.
+KNOWN_WRONG: set[str] = set()
 # The sparsemax path of SparseEntmaxFunction (power 1) as well as entmax15's (power 2).
-EXTRA = {"sparsemax": Case(lambda s: T.sparsemax(s), lambda: (_rand(2, 6, seed=11),), EITHER)}
+EXTRA = {"sparsemax": Case(lambda s: T.sparsemax(s), lambda: (_rand(2, 6, seed=11),), CORRECT)}
 
 
 def test_every_function_has_a_case():
@@ -139,7 +139,7 @@ def test_the_refusal_raises_with_its_message():
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    reason="silently wrong on main; branch i21-transforms fixes it", strict=False)) if n in KNOWN_WRONG else n
+    reason="known silently wrong second derivative", strict=True)) if n in KNOWN_WRONG else n
     for n in sorted(CASES) + sorted(EXTRA)])
 def test_second_derivative_is_correct_or_refused(name):
     case = CASES.get(name) or EXTRA[name]
