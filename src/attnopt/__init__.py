@@ -8,7 +8,7 @@ from ._numerics import ConvergenceWarning
 from ._validation import checks, get_checks, set_checks
 from .attention import attention_scores, attention_weights, scaled_dot_product_attention
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ConvergenceWarning",
