@@ -1,0 +1,248 @@
+"""The explorers on the book's pages (attnopt.page_explorer), moved by keyboard in headless Chromium.
+
+For each page of ``PAGES``: the page loads with no request beyond the local server and transfers at
+most 3 MB; the explorer's controls are wired (shown, each with its label); each slider, focused and
+moved with the arrow keys (and Home/End), and each menu, set to another option, changes the figure
+and its alt text, and the numbers the page then shows are the ones ``attnopt.explore`` computes for
+the state the controls show (recomputed here from the notebook's record, compared at the precision
+shown).  Screenshots at 1280 px and 390 px, before and after moving the first slider, land in
+``_build/screenshots/`` for a person to look at; at 390 px the page must not scroll sideways.
+
+To add an explorer: record its grid (``explorer.grid``) and what its states need with
+``attnopt.book.record`` under the key ``page_explorer``, write a function ``(record, values) ->
+{label: number}`` that recomputes the numbers the page shows with ``attnopt.explore``, and add one
+line to ``PAGES``.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import pytest
+import torch
+
+from attnopt import explore
+from book_paths import BUILD, load_tool
+
+site_audit = load_tool("site_audit")
+SHOTS = BUILD / "screenshots"
+MAX_TRANSFER = 3_000_000  # bytes a page with an explorer may transfer, everything included
+MIN_SLIDER_VALUES = 20  # a slider with fewer positions does not feel continuous
+
+
+def ch3_numbers(record: dict, values: dict) -> dict:
+    """Chapter 3's explorer: one query's weights for a regularizer, its strength and ALiBi."""
+    page = record["page_explorer"]
+    scores = torch.tensor(page["scores"], dtype=torch.float64)
+    name, alpha = page["regularizers"][values["regularizer"]]
+    view = explore.regularized_weights(scores, values["tau"], name, alpha=alpha, alibi_slope=values["alibi_slope"])
+    positions = torch.arange(scores.shape[0], dtype=torch.float64)
+    return {
+        "keys with weight > 0": int(view.support_size),
+        "largest weight": float(view.weights.max()),
+        "on key": int(view.weights.argmax()),
+        "mean position": float(view.weights @ positions),
+    }
+
+
+class ExplorerPage(NamedTuple):
+    path: str  # the built page, relative to the HTML folder
+    record: str  # the stem of the notebook's results (attnopt.book.record), with key "page_explorer"
+    numbers: Callable[[dict, dict], dict]  # (record, values of the controls) -> {label: number}
+
+
+PAGES = [
+    ExplorerPage("notebooks/ch3_explorer.html", "ch3_explorer", ch3_numbers),
+]
+
+
+@pytest.fixture(scope="module")
+def server(html_dir):
+    with site_audit.serve(html_dir) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = site_audit._launch(p)
+        yield b
+        b.close()
+
+
+class Visit(NamedTuple):
+    context: object
+    page: object
+    transferred: list  # bytes of each response
+    outside: list  # requests to anything but the local server (aborted)
+
+
+def visit(browser, base: str, path: str, width: int, height: int) -> Visit:
+    context = browser.new_context(viewport={"width": width, "height": height}, device_scale_factor=1)
+    transferred, outside = [], []
+
+    def route(r):
+        if r.request.url.startswith(base) or r.request.url.startswith("data:"):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+
+    def count(response):
+        if response.url.startswith(base):
+            try:
+                transferred.append(len(response.body()))
+            except Exception:  # a redirect has no body
+                pass
+
+    page.on("response", count)
+    page.goto(f"{base}/{path}", wait_until="load")
+    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000)
+    page.evaluate("() => MathJax.startup.promise")
+    page.wait_for_selector(".page-explorer[data-wired='true']", timeout=10_000)
+    return Visit(context, page, transferred, outside)
+
+
+def shown_numbers(readout: str) -> dict:
+    """``'controls — a: 1; b: 0.25'`` -> ``{'a': '1', 'b': '0.25'}`` (the text after the dash)."""
+    _, _, numbers = readout.partition(" — ")
+    return dict(part.rsplit(": ", 1) for part in numbers.split("; "))
+
+
+def assert_numbers_shown(shown: dict, expected: dict, where: str) -> None:
+    assert set(shown) == set(expected), f"{where}: the page shows {sorted(shown)}, expected {sorted(expected)}"
+    for label, value in expected.items():
+        text = shown[label]
+        if isinstance(value, int):
+            assert int(text) == value, f"{where}: {label} shown {text}, computed {value}"
+        else:
+            # as precise as the text: half a unit of its last digit
+            tolerance = 0.5 * 10 ** Decimal(text).as_tuple().exponent * (1 + 1e-9) + 1e-12
+            assert abs(float(text) - value) <= tolerance, f"{where}: {label} shown {text}, computed {value:.6g}"
+
+
+def state_of(page, root, grid: dict) -> dict:
+    """The values the controls show, read from the page (positions into the recorded grid)."""
+    positions = root.evaluate(
+        "r => Object.fromEntries([...r.querySelectorAll('input[type=range], select')]"
+        ".map(f => [f.name, Number(f.value)]))")
+    return {name: grid[name][position] for name, position in positions.items()}
+
+
+def look(root) -> dict:
+    return root.evaluate(
+        "r => ({src: r.querySelector('img.page-explorer-frame').src,"
+        " alt: r.querySelector('img.page-explorer-frame').alt,"
+        " readout: r.querySelector('output.page-explorer-readout').textContent,"
+        " state: r.dataset.state})")
+
+
+def check_state(page, root, record, spec, where):
+    values = state_of(page, root, record["page_explorer"]["grid"])
+    seen = look(root)
+    assert_numbers_shown(shown_numbers(seen["readout"]), spec.numbers(record, values), f"{where} at {values}")
+    return seen
+
+
+@pytest.mark.parametrize("spec", PAGES, ids=[p.path for p in PAGES])
+def test_explorer_moves_by_keyboard_and_shows_the_librarys_numbers(browser, server, results, spec):
+    record = results(spec.record)
+    grid = record["page_explorer"]["grid"]
+    v = visit(browser, server, spec.path, 1280, 1000)
+    try:
+        page = v.page
+        root = page.locator(".page-explorer").first
+        root.scroll_into_view_if_needed()
+        assert root.locator(".page-explorer-controls").is_visible(), "the script did not show the controls"
+        # every control has its label; sliders are native ranges over the whole grid
+        fields = root.locator("input[type=range], select")
+        names = [fields.nth(i).get_attribute("name") for i in range(fields.count())]
+        assert sorted(names) == sorted(grid), (names, sorted(grid))
+        for i in range(fields.count()):
+            field = fields.nth(i)
+            label = root.locator(f"label[for='{field.get_attribute('id')}']")
+            assert label.count() == 1 and label.inner_text().strip(), f"{names[i]} has no label"
+        ranges = root.locator("input[type=range]")
+        assert ranges.count() >= 1, "an explorer has at least one slider"
+        for i in range(ranges.count()):
+            r = ranges.nth(i)
+            n = len(grid[r.get_attribute("name")])
+            assert int(r.get_attribute("max")) == n - 1 and n >= MIN_SLIDER_VALUES, f"{r.get_attribute('name')}: {n}"
+        assert root.locator("output.page-explorer-readout").get_attribute("aria-live") == "polite"
+
+        before = check_state(page, root, record, spec, "default")
+        seen = before
+        for i in range(ranges.count()):
+            r = ranges.nth(i)
+            name = r.get_attribute("name")
+            r.focus()
+            for key in ("ArrowRight", "ArrowLeft", "ArrowLeft", "End", "Home"):
+                old = seen
+                position = int(r.input_value())
+                r.press(key)
+                moved = int(r.input_value())
+                if moved == position:  # at an end of the grid: the key cannot move it
+                    continue
+                seen = check_state(page, root, record, spec, f"{name} after {key}")
+                assert seen["src"] != old["src"], f"{name} after {key}: the figure did not change"
+                assert seen["alt"] != old["alt"] and len(seen["alt"]) >= 15, f"{name} after {key}: the alt text"
+                text = grid[name][moved]
+                assert r.get_attribute("aria-valuetext") == root.locator(f"output[for='{r.get_attribute('id')}']").inner_text()
+                assert text is not None
+        selects = root.locator("select")
+        for i in range(selects.count()):
+            s = selects.nth(i)
+            name = s.get_attribute("name")
+            count = s.locator("option").count()
+            for position in [*range(1, count), 0]:
+                old = seen
+                s.focus()
+                s.select_option(str(position))
+                seen = check_state(page, root, record, spec, f"{name} option {position}")
+                assert seen["src"] != old["src"], f"{name} option {position}: the figure did not change"
+        assert not v.outside, f"requests beyond the local server: {v.outside[:5]}"
+        total = sum(v.transferred)
+        assert total <= MAX_TRANSFER, f"{spec.path} transfers {total / 1e6:.2f} MB (> {MAX_TRANSFER / 1e6:.0f} MB)"
+    finally:
+        v.context.close()
+
+
+@pytest.mark.parametrize("spec", PAGES, ids=[p.path for p in PAGES])
+def test_screenshots_before_and_after_a_slider_moves(browser, server, spec):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    stem = "page-explorer-" + Path(spec.path).stem
+    for width, height in ((1280, 900), (390, 844)):
+        v = visit(browser, server, spec.path, width, height)
+        try:
+            page = v.page
+            root = page.locator(".page-explorer").first
+            slider = root.locator("input[type=range]").first
+            root.scroll_into_view_if_needed()
+            page.evaluate("el => el.scrollIntoView({block: 'start'})", root.element_handle())
+            page.screenshot(path=str(SHOTS / f"{stem}-{width}-before.png"))
+            old = look(root)["src"]
+            slider.focus()
+            for _ in range(4):
+                slider.press("ArrowLeft")
+            assert look(root)["src"] != old
+            page.screenshot(path=str(SHOTS / f"{stem}-{width}-after.png"))
+            assert page.evaluate("document.documentElement.scrollWidth") <= width + 1, f"{spec.path} scrolls sideways at {width} px"
+            assert slider.is_visible() and slider.bounding_box()["x"] + slider.bounding_box()["width"] <= width
+        finally:
+            v.context.close()
+
+
+def test_readout_parser():
+    assert shown_numbers("τ = 1, regularizer: softmax — keys: 5; weight: 0.637") == {"keys": "5", "weight": "0.637"}
+    assert re.fullmatch(r"\d+", shown_numbers("x = 1 — n: 12")["n"])
+    with pytest.raises(AssertionError):
+        assert_numbers_shown({"w": "0.637"}, {"w": 0.6376}, "planted")  # off by more than half a unit
+    assert_numbers_shown({"w": "0.637", "n": "5"}, {"w": 0.63749, "n": 5}, "ok")
