@@ -25,15 +25,18 @@ the book wraps the output in a numbered figure.
 
 Example (in a notebook; the last line shows the explorer)::
 
-    from attnopt.page_explorer import Choice, Frame, Slider, page_explorer
-    controls = [Slider("tau", [10 ** (k / 10) for k in range(-15, 11)], label="strength τ",
-                       default=1.0),
-                Choice("regularizer", ["softmax", "sparsemax"], label="regularizer")]
+    from attnopt.page_explorer import (Choice, Frame, Slider,
+                                       page_explorer)
+    taus = [10 ** (k / 10) for k in range(-15, 11)]  # 26 values
+    controls = [Slider("tau", taus, label="strength τ", default=1.0),
+                Choice("regularizer", ["softmax", "sparsemax"],
+                       label="regularizer")]
 
     def draw(fig, tau, regularizer):
         view = explore.regularized_weights(scores, tau, regularizer)
         draw_regularizer(view, fig, tau=tau)
-        return Frame({"keys kept": int(view.support_size)}, f"{int(view.support_size)} keys kept")
+        kept = int(view.support_size)
+        return Frame({"keys kept": kept}, f"weights: {kept} keys kept")
 
     page_explorer(controls, draw, label="Chapter 3's explorer")
 """
@@ -64,9 +67,10 @@ __all__ = ["Choice", "Frame", "PageExplorer", "Slider", "page_explorer"]
 DPI = 100
 #: Colours per frame (a palette keeps a flat chart small and its text sharp).
 COLORS = 64
-#: The largest HTML a page explorer may weigh, in bytes: the book's budget is 3 MB per page, the
-#: theme and MathJax included.
-MAX_BYTES = 2_500_000
+#: The largest HTML a page explorer may weigh, in bytes.  The book's budget is 3 MB transferred
+#: per page; the theme, its icons and MathJax take about 1.45 MB of it (gzip-compressed, as a static
+#: host serves them), and an explorer's HTML, mostly base64 of WebP, compresses to about 76%.
+MAX_BYTES = 1_900_000
 _FORMATS = ("webp", "png")
 _MIME = {"webp": "image/webp", "png": "image/png"}
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -109,7 +113,7 @@ class Slider:
             strictly increasing, ``default`` not one of them, a ``format`` that cannot write them.
 
     Example:
-        >>> Slider("tau", [0.1, 1.0, 10.0], label="strength τ", default=1.0).text
+        >>> Slider("tau", [0.1, 1.0, 10.0], label="τ", default=1.0).text
         ['0.1', '1', '10']
     """
 
@@ -164,7 +168,8 @@ class Choice:
             ``default`` not one of them.
 
     Example:
-        >>> c = Choice("regularizer", [("softmax (entropy)", "softmax"), "sparsemax"], label="Ω")
+        >>> options = [("softmax (entropy)", "softmax"), "sparsemax"]
+        >>> c = Choice("regularizer", options, label="Ω")
         >>> c.values, c.text
         (['softmax', 'sparsemax'], ['softmax (entropy)', 'sparsemax'])
     """
@@ -360,13 +365,17 @@ def page_explorer(controls: Sequence[Slider | Choice], draw: Callable[..., Frame
         >>> def draw(fig, slope, kind):
         ...     x = np.linspace(0, 1, 5)
         ...     fig.subplots().plot(x, slope * x, kind)
-        ...     return Frame({"slope": slope}, f"a line of slope {slope} drawn with {kind!r}")
-        >>> explorer = page_explorer(
-        ...     [Slider("slope", [0.5, 1.0, 2.0], label="slope", default=1.0),
-        ...      Choice("kind", ["-", "o"], label="style")],
-        ...     draw, label="a line", figsize=(2, 1.5), dpi=40)
-        >>> explorer.shape, explorer.default, explorer.readouts[explorer.default]
-        ((3, 2), 2, 'slope = 1, style: - — slope: 1')
+        ...     alt = f"a line of slope {slope} drawn with {kind!r}"
+        ...     return Frame({"slope": slope}, alt)
+        >>> controls = [
+        ...     Slider("slope", [0.5, 1.0, 2.0], label="m", default=1.0),
+        ...     Choice("kind", ["-", "o"], label="style")]
+        >>> explorer = page_explorer(controls, draw, label="a line",
+        ...                          figsize=(2, 1.5), dpi=40)
+        >>> explorer.shape, explorer.default
+        ((3, 2), 2)
+        >>> explorer.readouts[explorer.default]
+        'm = 1, style: - — slope: 1'
     """
     if isinstance(controls, (Slider, Choice)) or not isinstance(controls, (list, tuple)):
         raise TypeError(f"controls must be a list of Slider and Choice; got {type(controls).__name__}")
