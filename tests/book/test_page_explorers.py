@@ -53,6 +53,32 @@ def ch3_numbers(record: dict, values: dict) -> dict:
     }
 
 
+def ch4_numbers(record: dict, values: dict) -> dict:
+    """Chapter 4's explorer: a density over a scene, by its standard deviation, place and family."""
+    page = record["page_explorer"]
+    image = torch.tensor(page["image"], dtype=torch.float64)
+    mu = torch.tensor(page["places"][values["place"]], dtype=torch.float64)
+    covariance = values["sigma"] ** 2 * torch.eye(2, dtype=torch.float64)
+    view = explore.density_view(explore.image_value_function(image), mu, covariance, values["family"])
+    red, green, blue = view.context.tolist()
+    return {
+        "context R": red,
+        "context G": green,
+        "context B": blue,
+        "mass on the image": float(view.mass),
+        "support, % of pixels": 100 * view.support.double().mean().item(),
+    }
+
+
+def ch5_numbers(record: dict, values: dict) -> dict:
+    """Chapter 5's explorer: the largest difference of each view from SDPA, for one query."""
+    page = record["page_explorer"]
+    query, keys = (torch.tensor(page[k], dtype=torch.float64) for k in ("query", "keys"))
+    absent = None if values["absent"] == "none" else int(values["absent"])
+    view = explore.four_views(query, keys, values["tau"], regularizer=values["regularizer"], absent=absent)
+    return dict(zip(("Fenchel dual", "Markov kernel", "transport"), view.gaps.tolist()))
+
+
 class ExplorerPage(NamedTuple):
     path: str  # the built page, relative to the HTML folder
     record: str  # the stem of the notebook's results (attnopt.book.record), with key "page_explorer"
@@ -61,6 +87,8 @@ class ExplorerPage(NamedTuple):
 
 PAGES = [
     ExplorerPage("notebooks/ch3_explorer.html", "ch3_explorer", ch3_numbers),
+    ExplorerPage("notebooks/ch4_explorer.html", "ch4_explorer", ch4_numbers),
+    ExplorerPage("notebooks/ch5_explorer.html", "ch5_explorer", ch5_numbers),
 ]
 
 
