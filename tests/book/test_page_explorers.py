@@ -17,6 +17,7 @@ line to ``PAGES``.
 from __future__ import annotations
 
 import gzip
+import math
 import re
 from decimal import Decimal
 from pathlib import Path
@@ -79,6 +80,37 @@ def ch5_numbers(record: dict, values: dict) -> dict:
     return dict(zip(("Fenchel dual", "Markov kernel", "transport"), view.gaps.tolist()))
 
 
+def ch3_regularizers_numbers(record: dict, values: dict) -> dict:
+    """Chapter 3's theory page: keys kept by six regularizers at temperature tau (closed forms on s / tau)."""
+    from attnopt.transforms import entmax, entmax15, prior_softmax, softmax, sparsemax
+
+    page = record["page_explorer"]
+    s = torch.tensor(page["scores"], dtype=torch.float64) / values["tau"]
+    prior = torch.tensor(page["prior"], dtype=torch.float64)
+    weights = {
+        "softmax": softmax(s),
+        "entmax 1.25": entmax(s, 1.25),
+        "1.5-entmax": entmax15(s),
+        "sparsemax": sparsemax(s),
+        "entmax 3": entmax(s, 3.0, n_iter=60),
+        "prior softmax": prior_softmax(s, prior),
+    }
+    return {f"keys kept, {name}": int((p > 0).sum()) for name, p in weights.items()}
+
+
+def ch4_densities_numbers(record: dict, values: dict) -> dict:
+    """Chapter 4's theory page: a Gaussian and a truncated parabola of one variance v, in closed form
+    (peaks 1/sqrt(2 pi v) and 3 / (4 sqrt(5 v)), support mean -+ sqrt(5 v))."""
+    v, mean = values["variance"], values["mean"]
+    half = math.sqrt(5 * v)
+    return {
+        "Gaussian's peak": 1 / math.sqrt(2 * math.pi * v),
+        "parabola's peak": 3 / (4 * half),
+        "parabola from": mean - half,
+        "parabola to": mean + half,
+    }
+
+
 class ExplorerPage(NamedTuple):
     path: str  # the built page, relative to the HTML folder
     record: str  # the stem of the notebook's results (attnopt.book.record), with key "page_explorer"
@@ -89,6 +121,8 @@ PAGES = [
     ExplorerPage("notebooks/ch3_explorer.html", "ch3_explorer", ch3_numbers),
     ExplorerPage("notebooks/ch4_explorer.html", "ch4_explorer", ch4_numbers),
     ExplorerPage("notebooks/ch5_explorer.html", "ch5_explorer", ch5_numbers),
+    ExplorerPage("book/ch3/regularizers.html", "ch3_sdpa_is_eot", ch3_regularizers_numbers),
+    ExplorerPage("book/ch4/regularized_prediction_maps.html", "ch4_continuous_1d", ch4_densities_numbers),
 ]
 
 

@@ -129,3 +129,38 @@ def test_numbers_may_be_tensors_and_are_written_as_json_scalars():
     explorer = small([TAU], draw=draw)
     assert [f.numbers for f in explorer.frames] == [{"count": 3, "size": t, "what": "line"} for t in GRID]
     assert all(type(f.numbers["count"]) is int and type(f.numbers["size"]) is float for f in explorer.frames)
+
+
+def test_save_page_explorer_for_a_theory_page(tmp_path, monkeypatch):
+    """attnopt.book.save_page_explorer: bad inputs named; outside the book nothing is written; in it,
+    the HTML is the explorer's and the still is its default frame, pixel for pixel."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from attnopt import book
+
+    def slope(fig, tau, kind):
+        fig.subplots().plot([0, 1], [0, tau], "-" if kind == "a" else "o")
+        return Frame({"tau": tau}, f"a line of slope {tau} drawn as {kind}")
+
+    controls = [Slider("tau", GRID, label="strength", default=1.0), KIND]
+    explorer = small(controls, slope)
+    with pytest.raises(TypeError, match="explorer"):
+        book.save_page_explorer("<div></div>", "ch0-demo")
+    for name in ("../escape", "", "a.html"):
+        with pytest.raises(ValueError, match="name"):
+            book.save_page_explorer(explorer, name)
+    monkeypatch.delenv(book.FIGURES_ENV, raising=False)
+    assert book.save_page_explorer(explorer, "ch0-demo") is None
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setenv(book.FIGURES_ENV, str(tmp_path))
+    path = book.save_page_explorer(explorer, "ch0-demo")
+    assert path == tmp_path / "ch0-demo.html"
+    assert path.read_text(encoding="utf-8").strip() == explorer.html
+    still = np.asarray(Image.open(tmp_path / "ch0-demo.png").convert("RGB"))
+    default = np.asarray(Image.open(io.BytesIO(explorer.images[explorer.default])).convert("RGB"))
+    assert explorer.default == 2 and still.shape == default.shape and (still == default).all()
+    first = np.asarray(Image.open(io.BytesIO(explorer.images[0])).convert("RGB"))
+    assert (still != first).any()  # the default state, not the first
