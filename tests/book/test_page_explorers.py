@@ -11,7 +11,8 @@ shown).  Screenshots at 1280 px and 390 px, before and after moving the first sl
 To add an explorer: record its grid (``explorer.grid``) and what its states need with
 ``attnopt.book.record`` under the key ``page_explorer``, write a function ``(record, values) ->
 {label: number}`` that recomputes the numbers the page shows with ``attnopt.explore``, and add one
-line to ``PAGES``.
+line to ``PAGES``.  A theory page's explorer (``attnopt.book.save_page_explorer`` and the
+``explorer-figure`` directive) is added the same way, with the record of the notebook that saves it.
 """
 
 from __future__ import annotations
