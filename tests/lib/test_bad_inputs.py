@@ -55,6 +55,7 @@ NOTHING_TO_VALIDATE = {
     "explore.ImageValues": "a result container (NamedTuple) built by image_value_function",
     "explore.DensityView": "a result container (NamedTuple) built by density_view",
     "explore.FourViews": "a result container (NamedTuple) built by four_views",
+    "page_explorer.PageExplorer": "a result container built by page_explorer",
 }
 
 
