@@ -17,30 +17,29 @@
 from __future__ import annotations
 
 import functools
-import html
-import re
-
-# The theme's toggle: <a ...>Title</a><details><summary><span class="toctree-toggle" ...
-_TOGGLE = re.compile(
-    r'(<a\b[^>]*class="[^"]*\breference\b[^"]*"[^>]*>(?P<title>(?:(?!</a>).)*)</a>\s*<details\b[^>]*>\s*)<summary>',
-    re.S,
-)
-_TAG = re.compile(r"<[^>]+>")
 
 
-def _name_toggles(toctree_html: str) -> str:
-    def named(m: re.Match) -> str:
-        title = html.unescape(_TAG.sub("", m["title"])).strip()
-        return f'{m[1]}<summary aria-label="{html.escape(f"Pages in {title}")}">'
-
-    return _TOGGLE.sub(named, toctree_html)
+def _name_toggles(toctree):
+    """Give each ``<summary>`` toggle of the theme's toctree (a BeautifulSoup tree) an accessible
+    name: "Pages in <the title of the entry it opens>"."""
+    for summary in toctree.select("li > details > summary"):
+        if summary.get_text(strip=True) or summary.get("aria-label"):
+            continue  # a part caption inside the summary names it already
+        link = summary.find_parent("li").find("a", class_="reference", recursive=False)
+        if link is not None:
+            summary["aria-label"] = f"Pages in {link.get_text(' ', strip=True)}"
+    return toctree
 
 
 def _accessible_toctree(generate):
     @functools.wraps(generate)
-    def wrapper(kind, *args, **kwargs):
-        out = generate(kind, *args, **kwargs)
-        return _name_toggles(out) if isinstance(out, str) else out
+    def wrapper(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        if isinstance(out, str):
+            from bs4 import BeautifulSoup
+
+            return str(_name_toggles(BeautifulSoup(out, "html.parser")))
+        return _name_toggles(out) if hasattr(out, "select") else out
 
     return wrapper
 

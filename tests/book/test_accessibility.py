@@ -3,8 +3,10 @@
 axe-core's WCAG 2.1 A and AA rules (tags ``wcag2a``, ``wcag2aa``, ``wcag21a``, ``wcag21aa``) run on
 every page of the book, once in the light and once in the dark colour scheme (pydata-sphinx-theme
 keeps the reader's choice in ``localStorage.mode`` and shows it as ``data-theme`` on ``<html>``).
-A page passes when axe reports no violation of impact *serious* or *critical*.  One test per
-scheme visits every page in one browser tab and reports all violations together, grouped by rule;
+A page passes when axe reports no violation of impact *serious* or *critical*.  Every page is
+loaded once in one browser tab, checked in the light scheme, switched to the dark one as the
+theme's button does, and checked again; one test per scheme reports all its violations together,
+grouped by rule;
 the full list is written to ``_build/accessibility-<scheme>.json``.  axe-core is the copy that the
 PyPI package axe-playwright-python bundles (``axe.min.js``): nothing is fetched at run time.
 
@@ -63,24 +65,39 @@ def _open(page, url: str) -> None:
         page.evaluate("() => MathJax.startup.promise")
 
 
-def axe_violations(browser, html_dir: Path, pages: list[str], scheme: str) -> dict[tuple[str, str, str], list[str]]:
-    """The serious and critical violations of ``pages``: {(rule, impact, help): ['page: element', ...]}."""
-    found: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+def _show_scheme(page, scheme: str) -> None:
+    """Switch the loaded page to ``scheme`` as the theme's own button does (no reload)."""
+    page.evaluate(
+        """(scheme) => { localStorage.setItem('mode', scheme); localStorage.setItem('theme', scheme);
+                         document.documentElement.dataset.mode = scheme;
+                         document.documentElement.dataset.theme = scheme; }""",
+        scheme,
+    )
+    page.wait_for_timeout(50)
+
+
+def axe_violations(browser, html_dir: Path, pages: list[str], schemes=SCHEMES) -> dict[str, dict]:
+    """The serious and critical violations of ``pages`` in each scheme:
+    {scheme: {(rule, impact, help): ['page: element: summary', ...]}}.  Each page is loaded (and its
+    maths typeset) once, in the first scheme, and switched to the others."""
+    found = {scheme: defaultdict(list) for scheme in schemes}
     with site_audit.serve(html_dir) as base:
-        context = _scheme_context(browser, base, scheme)
+        context = _scheme_context(browser, base, schemes[0])
         try:
             page = context.new_page()
             for rel in pages:
                 _open(page, f"{base}/{rel}")
-                theme = page.evaluate("document.documentElement.dataset.theme")
-                assert theme == scheme, f"{rel}: data-theme is {theme!r}, not {scheme!r}"
-                for rule in page.evaluate(_RUN_AXE, WCAG_TAGS)["violations"]:
-                    if rule["impact"] not in BLOCKING:
-                        continue
-                    for node in rule["nodes"]:
-                        target = " ".join(str(t) for t in node["target"])
-                        detail = (node.get("failureSummary") or "").replace("\n", " ")[:160]
-                        found[(rule["id"], rule["impact"], rule["help"])].append(f"{rel}: {target}: {detail}")
+                for scheme in schemes:
+                    _show_scheme(page, scheme)
+                    theme = page.evaluate("document.documentElement.dataset.theme")
+                    assert theme == scheme, f"{rel}: data-theme is {theme!r}, not {scheme!r}"
+                    for rule in page.evaluate(_RUN_AXE, WCAG_TAGS)["violations"]:
+                        if rule["impact"] not in BLOCKING:
+                            continue
+                        for node in rule["nodes"]:
+                            target = " ".join(str(t) for t in node["target"])
+                            detail = (node.get("failureSummary") or "").replace("\n", " ")[:160]
+                            found[scheme][(rule["id"], rule["impact"], rule["help"])].append(f"{rel}: {target}: {detail}")
         finally:
             context.close()
     return found
@@ -95,12 +112,18 @@ def _report(found: dict) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_axe_wcag21_aa_on_every_page(html_dir, browser, scheme):
+@pytest.fixture(scope="module")
+def every_page(html_dir, browser):
     pages = site_audit.content_pages(html_dir)
     assert len(pages) > 50, pages
-    found = axe_violations(browser, html_dir, pages, scheme)
+    return pages, axe_violations(browser, html_dir, pages)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_axe_wcag21_aa_on_every_page(every_page, scheme):
+    pages, by_scheme = every_page
+    found = by_scheme[scheme]
     BUILD.mkdir(parents=True, exist_ok=True)
     (BUILD / f"accessibility-{scheme}.json").write_text(
         json.dumps({f"{r} ({i}): {h}": w for (r, i, h), w in sorted(found.items())}, indent=1) + "\n"
@@ -122,9 +145,9 @@ def test_axe_reports_planted_violations(html_dir, browser, tmp_path):
     head, marker, tail = page.partition('<section id="notation">')
     assert marker, "book/notation.html has no <section id='notation'>"
     (site / "book" / "planted.html").write_text(head + marker + planted + tail, encoding="utf-8")
-    found = axe_violations(browser, site, ["book/planted.html"], "light")
-    rules = {rule for rule, _, _ in found}
-    assert {"summary-name", "color-contrast"} <= rules, _report(found)
+    for scheme, found in axe_violations(browser, site, ["book/planted.html"]).items():
+        rules = {rule for rule, _, _ in found}
+        assert {"summary-name", "color-contrast"} <= rules, f"{scheme}: " + _report(found)
 
 
 def test_mathjax_attaches_mathml_for_screen_readers(html_dir, browser):
