@@ -73,7 +73,12 @@ def _show_scheme(page, scheme: str) -> None:
                          document.documentElement.dataset.theme = scheme; }""",
         scheme,
     )
-    page.wait_for_timeout(50)
+    # the theme animates some colours (the search button's): measure after the transitions end
+    page.evaluate(
+        """() => Promise.all(document.getAnimations()
+                 .filter(a => a.effect && a.effect.getTiming().iterations !== Infinity)
+                 .map(a => a.finished.catch(() => null)))"""
+    )
 
 
 def axe_violations(browser, html_dir: Path, pages: list[str], schemes=SCHEMES) -> dict[str, dict]:
@@ -142,9 +147,10 @@ def test_axe_reports_planted_violations(html_dir, browser, tmp_path):
         "<p>planted</p></details>"
         '<p style="background:#ffffff"><a href="#" style="color:#c8c8c8">a planted pale link</a></p>'
     )
-    head, marker, tail = page.partition('<section id="notation">')
-    assert marker, "book/notation.html has no <section id='notation'>"
-    (site / "book" / "planted.html").write_text(head + marker + planted + tail, encoding="utf-8")
+    head, marker, tail = page.partition("<article")
+    assert marker, "book/notation.html has no <article>"
+    tail = tail.replace(">", ">" + planted, 1)
+    (site / "book" / "planted.html").write_text(head + marker + tail, encoding="utf-8")
     for scheme, found in axe_violations(browser, site, ["book/planted.html"]).items():
         rules = {rule for rule, _, _ in found}
         assert {"summary-name", "color-contrast"} <= rules, f"{scheme}: " + _report(found)
@@ -169,7 +175,8 @@ def test_mathjax_attaches_mathml_for_screen_readers(html_dir, browser):
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_keyboard_focus_is_visible(html_dir, browser, scheme):
-    """Tabbing through a page draws an outline of at least 2 px around each focused control."""
+    """Tabbing through a page draws a ring around each focused control: an outline of at least
+    2 px (book.css) or the theme's own focus ring, a box shadow."""
     with site_audit.serve(html_dir) as base:
         context = _scheme_context(browser, base, scheme)
         try:
@@ -180,14 +187,17 @@ def test_keyboard_focus_is_visible(html_dir, browser, scheme):
                 page.keyboard.press("Tab")
                 seen.append(
                     page.evaluate(
-                        """() => { const e = document.activeElement, s = getComputedStyle(e);
+                        """() => { const e = document.activeElement;
+                                   // the theme rings a sidebar toggle's chevron, not the <summary>
+                                   const s = getComputedStyle(e.querySelector(':scope > .toctree-toggle') || e);
                                    return {tag: e.tagName, text: (e.textContent || '').trim().slice(0, 30),
-                                           style: s.outlineStyle, width: parseFloat(s.outlineWidth) || 0}; }"""
+                                           style: s.outlineStyle, width: parseFloat(s.outlineWidth) || 0,
+                                           shadow: s.boxShadow}; }"""
                     )
                 )
         finally:
             context.close()
     focused = [s for s in seen if s["tag"] not in ("BODY", "HTML")]
     assert len(focused) >= 8, seen
-    invisible = [s for s in focused if s["style"] == "none" or s["width"] < 2]
+    invisible = [s for s in focused if (s["style"] == "none" or s["width"] < 2) and s["shadow"] in ("", "none")]
     assert not invisible, f"focus not drawn on: {invisible}"
