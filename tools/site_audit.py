@@ -23,6 +23,13 @@ Each check returns the places that fail it (an empty list is a pass):
     Bibliography entries with raw TeX (``$``, ``\\``, braces) left in them.
 ``wide_code``
     Visible code cells (not folded) wider than their column: they scroll sideways.
+``mathjax_errors``
+    Formulas MathJax could not typeset: an ``mjx-merror`` or ``data-mjx-error`` element, or
+    "Math input error" / "Math output error" shown in the page.
+``control_characters``
+    Control characters (U+0000 to U+001F except tab, newline and carriage return, and U+007F) in a
+    page's HTML outside its scripts and styles: a TeX command whose backslash a Python string
+    swallowed (``"\\approx"`` holds U+0007) reaches the reader that way.
 
 Usage::
 
@@ -78,12 +85,19 @@ CHECKS = (
     "duplicate_titles",
     "raw_tex_in_bibliography",
     "wide_code",
+    "mathjax_errors",
+    "control_characters",
 )
 # What an output must never show: a build or temporary path, a Path or object repr, a warning.
 LEAKS = re.compile(
     r"(/_build/|_build/results|PosixPath\(|WindowsPath\(|/tmp/|site-packages|<[\w.]+ object at 0x"
     r"|\b\w*Warning\b:|Traceback \(most recent call last\))"
 )
+
+# Control characters a page's text may not hold: C0 less tab, newline and carriage return; DEL.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Scripts and styles are not text (the bundled scripts may hold any character in a string).
+_NOT_TEXT = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>", re.S | re.I)
 
 # Everything the page tells us, gathered in one evaluation.
 _PAGE_SCRIPT = r"""
@@ -113,6 +127,17 @@ _PAGE_SCRIPT = r"""
                      numbered: !!(cap && cap.querySelector('.caption-number'))});
   }
   for (const o of article.querySelectorAll('.cell_output, .output')) out.outputs.push(o.innerText);
+  out.mathErrors = [];
+  for (const box of document.querySelectorAll('mjx-container')) {
+    const e = box.querySelector('mjx-merror, [data-mjx-error]');
+    if (!e) continue;
+    const where = box.closest('[id]');
+    out.mathErrors.push(((e.getAttribute('data-mjx-error') || e.textContent || '').trim() || 'error') +
+                        (where ? ' in #' + where.id : ''));
+  }
+  const shown = document.body.innerText;
+  for (const text of ['Math input error', 'Math output error'])
+    if (shown.includes(text) && !out.mathErrors.length) out.mathErrors.push(text + ' shown');
   for (const pre of article.querySelectorAll('.cell_input pre, div.highlight pre')) {
     const hidden = pre.closest('details:not([open])') || pre.offsetParent === null;
     if (!hidden) out.code.push({over: pre.scrollWidth - pre.clientWidth, start: pre.textContent.slice(0, 60)});
@@ -252,12 +277,23 @@ def audit(html_dir: Path, pages: list[str] | None = None, browser=None) -> dict[
             for code in info["code"]:
                 if code["over"] > 1:
                     found["wide_code"].append(f"{rel}: {code['over']} px: {code['start'].strip()[:40]!r}")
+            for err in info["mathErrors"]:
+                found["mathjax_errors"].append(f"{rel}: {err}")
+            found["control_characters"] += _control_characters(html_dir / rel, rel)
             if rel.endswith("bibliography.html"):
                 found["raw_tex_in_bibliography"] += _raw_tex(html_dir / rel, rel)
     for title, where in titles.items():
         if len(where) > 1:
             found["duplicate_titles"].append(f"{title!r}: {', '.join(where)}")
     return found
+
+
+def _control_characters(path: Path, rel: str) -> list[str]:
+    text = _NOT_TEXT.sub("", path.read_text(encoding="utf-8", errors="replace"))
+    return [
+        f"{rel}: U+{ord(m.group(0)):04X} in {text[max(0, m.start() - 30) : m.end() + 30]!r}"
+        for m in CONTROL_CHARACTERS.finditer(text)
+    ]
 
 
 def _raw_tex(path: Path, rel: str) -> list[str]:

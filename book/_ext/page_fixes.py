@@ -6,9 +6,50 @@
 * pydata-sphinx-theme writes ``localStorage.mode || default_mode`` into every page; with no
   ``default_mode`` in the context that is the empty string, which its script reports as an
   invalid mode (another console error).  The default is ``"auto"``: the reader's system setting.
+* The theme's sidebar opens and closes a chapter's pages with a ``<summary>`` that holds only a
+  chevron icon, so a screen reader announces a button without a name.  Each gets an
+  ``aria-label`` naming the chapter it opens.
+* docutils writes the bibliography as ``role="list"`` holding ``role="doc-biblioentry"`` items;
+  ARIA requires a list's children to be list items (``doc-biblioentry`` is deprecated), so the
+  entries get ``role="listitem"``.
 """
 
 from __future__ import annotations
+
+import functools
+
+
+def _name_toggles(toctree):
+    """Give each ``<summary>`` toggle of the theme's toctree (a BeautifulSoup tree) an accessible
+    name: "Pages in <the title of the entry it opens>"."""
+    for summary in toctree.select("li > details > summary"):
+        if summary.get_text(strip=True) or summary.get("aria-label"):
+            continue  # a part caption inside the summary names it already
+        link = summary.find_parent("li").find("a", class_="reference", recursive=False)
+        if link is not None:
+            summary["aria-label"] = f"Pages in {link.get_text(' ', strip=True)}"
+    return toctree
+
+
+def _accessible_toctree(generate):
+    @functools.wraps(generate)
+    def wrapper(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        if isinstance(out, str):
+            from bs4 import BeautifulSoup
+
+            return str(_name_toggles(BeautifulSoup(out, "html.parser")))
+        return _name_toggles(out) if hasattr(out, "select") else out
+
+    return wrapper
+
+
+def _accessible_page(app, pagename, templatename, context, doctree):
+    if "generate_toctree_html" in context:
+        context["generate_toctree_html"] = _accessible_toctree(context["generate_toctree_html"])
+    body = context.get("body")
+    if body and 'role="doc-biblioentry"' in body:
+        context["body"] = body.replace('role="doc-biblioentry"', 'role="listitem"')
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree):
@@ -29,4 +70,6 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
 
 def setup(app):
     app.connect("html-page-context", _dedupe_scripts, priority=900)
+    # after the theme has put its toctree function in the context (default priority 500)
+    app.connect("html-page-context", _accessible_page, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -3,7 +3,8 @@
 One test per check over every page: display equations fit the column, every figure is numbered,
 captioned and described, its text legible (the house style's 10 pt at >= 9 CSS px), no output
 leaks a build path or a warning, no console error on any page (nor a missing favicon), page titles
-are distinct, the bibliography has no raw TeX, visible code does not scroll sideways.  Each check
+are distinct, the bibliography has no raw TeX, visible code does not scroll sideways, MathJax
+typesets every formula without an error, and no page holds a control character.  Each check
 is also run on a copy of the site with one planted defect per check, which it must report: a check
 that cannot fail is no check.  Screenshots of the pages a reader meets first, at 1280 px and on a
 phone, land in _build/screenshots/ for a person to look at.
@@ -77,6 +78,8 @@ def _plant(html_dir: Path, tmp: Path) -> tuple[Path, list[str]]:
 <div class="highlight"><pre><span></span>PosixPath('/home/planted/_build/results/planted.json')</pre></div></div></div>
 <div class="highlight-python notranslate"><div class="highlight"><pre><span></span>{LONG_LINE}</pre></div></div>
 <script>console.error("planted console error")</script>
+<div class="math notranslate nohighlight" id="planted-math-error">\\[\\frac{{x}}\\]</div>
+<p>\\(\\lVert x\\rVert\x07pprox 1\\): a planted control character.</p>
 """
     marker = '<section id="notation">' if '<section id="notation">' in page else "<article"
     head, _, tail = page.partition(marker)

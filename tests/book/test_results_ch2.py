@@ -160,6 +160,8 @@ def test_ch2_regularity(results):
     slope = (bound[-1] - bound[-2]) / (math.log(n_[-1]) - math.log(n_[-2]))
     assert abs(slope - 1.9) < 0.05 and slope < 2
     assert r["cluster_first_n"] == 13185
+    # "the exact W_1 ratio of the construction ... already from N = 13 063" (odd N, like 13 185)
+    assert r["cluster_exact_first_n"] == 13063
     # the figure's alt text: "the sqrt(ln N) constant, rises slowly from about 10 to about 16"; the
     # notebook's: "crosses the blue line ... near thirteen thousand tokens"
     assert [round(x) for x in (min(r["cluster_printed"]), max(r["cluster_printed"]))] == [10, 16]
