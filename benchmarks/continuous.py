@@ -42,12 +42,9 @@ Run:  python benchmarks/continuous.py  [--threads K] [--literal] [--top K] [--de
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +56,7 @@ import attnopt
 from attnopt import continuous as C
 from attnopt.continuous import continuous_sparsemax, moment_match
 from attnopt.value_functions import GaussianRBF, grid_locations
+from _baseline import load_commit  # benchmarks/ is the script's folder
 
 # The independent references of the test suite (dblquad over the ellipse; the slice reference,
 # itself checked against dblquad there), so that the benchmark and the tests measure against the same thing.
@@ -283,7 +281,7 @@ def main():
         t = {"alg4": timeit(baseline, 5.0 if dtype == torch.float32 else 2.0), "default": timeit(ours, 2.0),
              "read_free": timeit(read_free, 2.0)}
         if args.baseline_commit:
-            old = load_commit(args.baseline_commit)
+            old = load_commit(args.baseline_commit, "continuous")
             old_basis = old.GaussianRBF.grid(n_side, sig, dim=2, dtype=dtype, device=dev)
 
             def theirs():
@@ -408,20 +406,6 @@ def read_free_sparsemax(mu, Sigma, basis):
     """continuous_sparsemax as it runs where host reads are not allowed (a GPU, or checks mode "async")."""
     with attnopt.checks("async"):
         return continuous_sparsemax(mu, Sigma, basis)
-
-
-def load_commit(commit):
-    """attnopt.continuous of a git commit, with the whole package of that commit (its private engine
-    modules and validation layer) as a temporary package of another name (its imports are relative)."""
-    root = Path(__file__).resolve().parent.parent
-    git = lambda *a: subprocess.run(["git", *a], cwd=root, check=True, capture_output=True, text=True).stdout  # noqa: E731
-    pkg = Path(tempfile.mkdtemp()) / f"attnopt_{commit[:8]}"
-    pkg.mkdir()
-    for path in git("ls-tree", "-r", "--name-only", commit, "src/attnopt/").split():
-        if path.endswith(".py") and path.count("/") == 2:  # the package's own modules
-            (pkg / Path(path).name).write_text(git("show", f"{commit}:{path}"))
-    sys.path.insert(0, str(pkg.parent))
-    return importlib.import_module(f"{pkg.name}.continuous")
 
 
 def disk_reference(mu, Sigma, centre, cov):

@@ -16,17 +16,13 @@ more work than it needs.  Ratios are baseline time / attnopt time (> 1: attnopt 
 from __future__ import annotations
 
 import argparse
-import importlib
 import platform
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import entmax as E
 import torch
 from torch.utils.benchmark import Timer
 
+from _baseline import load_commit  # benchmarks/ is the script's folder
 from attnopt import transforms as T
 
 TARGET = 1e-6
@@ -139,20 +135,6 @@ def sinkhorn_rows(shape, n_iter, min_run_time):
     return rows
 
 
-def load_commit(commit):
-    """attnopt.transforms of a git commit, with the whole package of that commit as a temporary
-    package of another name (its imports are relative); as in benchmarks/continuous.py."""
-    root = Path(__file__).resolve().parent.parent
-    git = lambda *a: subprocess.run(["git", *a], cwd=root, check=True, capture_output=True, text=True).stdout  # noqa: E731
-    pkg = Path(tempfile.mkdtemp()) / f"attnopt_{commit[:8]}"
-    pkg.mkdir()
-    for path in git("ls-tree", "-r", "--name-only", commit, "src/attnopt/").split():
-        if path.endswith(".py") and path.count("/") == 2:  # the package's own modules
-            (pkg / Path(path).name).write_text(git("show", f"{commit}:{path}"))
-    sys.path.insert(0, str(pkg.parent))
-    return importlib.import_module(f"{pkg.name}.transforms")
-
-
 def against_commit(old, shape, rounds, min_run_time):
     """This tree's default sparsemax, entmax15 and entmax(1.5) against the commit's, forward +
     backward, timed in alternation (``rounds`` rounds; medians), so that the load of a shared
@@ -196,7 +178,7 @@ def main():
     for shape, name, base, tb, eb, to, eo in rows:
         print(f"| {shape} | {name} | {base} | {tb:.1f} | {eb:.1e} | {to:.1f} | {eo:.1e} | {tb / to:.2f}× |")
     if args.baseline_commit:
-        old = load_commit(args.baseline_commit)
+        old = load_commit(args.baseline_commit, "transforms")
         pairs = against_commit(old, (1024, 512), 5, 0.2)
         if not args.quick:
             pairs += against_commit(old, (64, 12, 128, 128), 3, 0.05)

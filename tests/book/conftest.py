@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from book_paths import HTML, RESULTS
+from book_paths import HTML, RESULTS, load_tool
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +24,21 @@ def results():
         return json.loads(path.read_text())
 
     return load
+
+
+@pytest.fixture(scope="module")
+def server(html_dir):
+    """The built site served on the loopback by the site audit's server; yields its base URL."""
+    with load_tool("site_audit").serve(html_dir) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's headless Chromium, launched with the site audit's arguments (one per module)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = load_tool("site_audit")._launch(p)
+        yield b
+        b.close()

@@ -37,16 +37,6 @@ _RUN_AXE = """(tags) => axe.run(document, {runOnly: {type: 'tag', values: tags},
                                           resultTypes: ['violations']})"""
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = site_audit._launch(p)
-        yield b
-        b.close()
-
-
 def _scheme_context(browser, base: str, scheme: str, width: int = 1280):
     """A browser context that shows the book in ``scheme`` and can reach only the local server."""
     context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme)

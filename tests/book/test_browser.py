@@ -16,22 +16,6 @@ SHOTS = BUILD / "screenshots"
 PAGES = ["book/preface.html", "book/notation.html", "notebooks/attention_in_a_few_lines.html"]
 
 
-@pytest.fixture(scope="module")
-def server(html_dir):
-    with site_audit.serve(html_dir) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = site_audit._launch(p)
-        yield b
-        b.close()
-
-
 def open_page(browser, url, dark=False):
     context = browser.new_context(viewport={"width": 1280, "height": 1000}, color_scheme="dark" if dark else "light")
     # Nothing but the local server may be reached.

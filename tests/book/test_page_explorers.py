@@ -127,22 +127,6 @@ PAGES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(html_dir):
-    with site_audit.serve(html_dir) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = site_audit._launch(p)
-        yield b
-        b.close()
-
-
 class Visit(NamedTuple):
     context: object
     page: object

@@ -35,16 +35,6 @@ SCREENSHOT_PAGES = [
 
 
 @pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = site_audit._launch(p)
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
 def findings(html_dir, browser):
     return site_audit.audit(html_dir, browser=browser)
 
