@@ -43,6 +43,7 @@ __all__ = [
     "random_qkv",
     "record",
     "save_figure",
+    "save_page_explorer",
     "seed_everything",
 ]
 
@@ -337,6 +338,61 @@ def save_figure(fig, name: str):
     path = Path(folder) / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
+    return path
+
+
+def save_page_explorer(explorer, name: str):
+    """Save a page explorer for the book's theory pages, next to the figures of :func:`save_figure`.
+
+    Writes ``$ATTNOPT_FIGURES_DIR/<name>.html`` (the explorer's HTML, see
+    :mod:`attnopt.page_explorer`) and ``<name>.png`` (its default state as a still, for builders
+    other than HTML).  A page shows them as a numbered figure with the book's directive
+    ``:::{explorer-figure} /figures/<name>`` (``book/_ext/explorer_figure.py``), which takes
+    ``:name:``, ``:alt:`` and a caption like ``{figure}``.  Outside the book (Colab, JupyterLab)
+    nothing is written and None is returned, so a notebook may call it unconditionally.
+
+    Args:
+        explorer: a :class:`attnopt.page_explorer.PageExplorer`.
+        name: a plain file stem such as ``"ch1-fig3"`` (letters, digits, ``-`` and ``_``).
+
+    Returns:
+        The path of the HTML written, or None when ``$ATTNOPT_FIGURES_DIR`` is not set.
+
+    Raises:
+        TypeError: ``explorer`` is not a PageExplorer.
+        ValueError: ``name`` is not a plain file stem.
+
+    Examples:
+        Outside the book's build (no ``$ATTNOPT_FIGURES_DIR``) nothing is written:
+
+        >>> from unittest import mock
+        >>> from attnopt.page_explorer import Frame, Slider, page_explorer
+        >>> def draw(fig, x):
+        ...     fig.subplots().plot([0, 1], [0, x])
+        ...     return Frame({"x": x}, f"a line rising to {x}")
+        >>> explorer = page_explorer([Slider("x", [1.0, 2.0], label="x")],
+        ...                          draw, label="a line", figsize=(2, 1))
+        >>> with mock.patch.dict(os.environ, {FIGURES_ENV: ""}):
+        ...     print(save_page_explorer(explorer, "ch0-demo"))
+        None
+    """
+    import io
+
+    from .page_explorer import PageExplorer
+
+    if not isinstance(explorer, PageExplorer):
+        raise TypeError(f"explorer must be a PageExplorer (attnopt.page_explorer); got {type(explorer).__name__}")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise ValueError(f"name must be a plain file stem of letters, digits, '-' and '_'; got {name!r}")
+    folder = os.environ.get(FIGURES_ENV)
+    if not folder:
+        return None
+    from PIL import Image
+
+    path = Path(folder) / f"{name}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(explorer.html + "\n", encoding="utf-8")
+    Image.open(io.BytesIO(explorer.images[explorer.default])).save(path.with_suffix(".png"), format="PNG")
     return path
 
 
