@@ -55,6 +55,45 @@ def ch3_numbers(record: dict, values: dict) -> dict:
     }
 
 
+def _preference(favoured: str, like: torch.Tensor, weight: float) -> torch.Tensor:
+    """Uniform, or ``weight`` on template ``favoured`` ("t1".."t5") and the rest shared equally."""
+    n = like.shape[0]
+    if favoured == "uniform":
+        return torch.full((n,), 1.0 / n, dtype=like.dtype)
+    u = torch.full((n,), (1.0 - weight) / (n - 1), dtype=like.dtype)
+    u[int(favoured[1:]) - 1] = weight
+    return u
+
+
+def ch1_numbers(record: dict, values: dict) -> dict:
+    """Chapter 1's explorer: the exact estimate against the closed form (18), by alpha and preference."""
+    page = record["page_explorer"]
+    T = torch.tensor(page["templates"], dtype=torch.float64)
+    z = torch.tensor(page["z"], dtype=torch.float64)
+    u = _preference(values["favoured"], T, page["favoured_weight"])
+    view = explore.preference_view(T, u, z, values["alpha"])
+    return {"error ‖ĥ − ĥ_α‖": float(view.error), "shift ‖ĥ − μ‖": float(view.shift),
+            "error / shift": float(view.error / view.shift)}
+
+
+def ch1_fig3_numbers(record: dict, values: dict) -> dict:
+    """Fig. 3 of chapter 1 (its notebook and the small-alpha page): the two estimates by alpha."""
+    page = record["page_explorer"]
+    T, u, z = (torch.tensor(page[k], dtype=torch.float64) for k in ("templates", "u", "z"))
+    view = explore.preference_view(T, u, z, values["alpha"])
+    return {"‖ĥ − ĥ_α‖": float(view.error), "‖ĥ − μ‖": float(view.shift), "ratio": float(view.error / view.shift)}
+
+
+def ch2_numbers(record: dict, values: dict) -> dict:
+    """Chapter 2's explorer: the particle flow at one temperature, variant and layer."""
+    page = record["page_explorer"]
+    x = torch.tensor(page["x"], dtype=torch.float64)
+    view = explore.particle_flow(x, values["tau"], page["depth"], variant=values["variant"])
+    layer = values["layer"]
+    return {"clusters": int(view.clusters[layer]),
+            "diameter / initial": float(view.diameters[layer] / view.diameters[0])}
+
+
 def ch4_numbers(record: dict, values: dict) -> dict:
     """Chapter 4's explorer: a density over a scene, by its standard deviation, place and family."""
     page = record["page_explorer"]
@@ -119,6 +158,10 @@ class ExplorerPage(NamedTuple):
 
 
 PAGES = [
+    ExplorerPage("notebooks/ch1_explorer.html", "ch1_explorer", ch1_numbers),
+    ExplorerPage("notebooks/ch1_gaussian_fig3.html", "ch1_gaussian_fig3", ch1_fig3_numbers),
+    ExplorerPage("book/ch1/small_alpha.html", "ch1_gaussian_fig3", ch1_fig3_numbers),
+    ExplorerPage("notebooks/ch2_explorer.html", "ch2_explorer", ch2_numbers),
     ExplorerPage("notebooks/ch3_explorer.html", "ch3_explorer", ch3_numbers),
     ExplorerPage("notebooks/ch4_explorer.html", "ch4_explorer", ch4_numbers),
     ExplorerPage("notebooks/ch5_explorer.html", "ch5_explorer", ch5_numbers),
