@@ -132,7 +132,7 @@ def ch3_regularizers_numbers(record: dict, values: dict) -> dict:
         "entmax 1.25": entmax(s, 1.25),
         "1.5-entmax": entmax15(s),
         "sparsemax": sparsemax(s),
-        "entmax 3": entmax(s, 3.0, n_iter=60),
+        "entmax 3": entmax(s, 3.0),
         "prior softmax": prior_softmax(s, prior),
     }
     return {f"keys kept, {name}": int((p > 0).sum()) for name, p in weights.items()}

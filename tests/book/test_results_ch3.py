@@ -20,20 +20,21 @@ def test_ch3_sdpa_is_eot(results):
     #  coldest temperature and within a few thousandths of log m at the hottest."
     assert r["entropy_min_increment"] > 0
     assert r["entropy_cold"] < 1e-2 and 0 <= r["entropy_hot_gap"] < 5e-3
-    # "Every closed form agrees with the generic solver to better than 1e-12, with one ... exception"
+    # "Every closed form agrees with the generic solver to better than 1e-12 ... by default it
+    #  bisects until the threshold is known to working precision" (entmax a=3.0 at its default)
     errors = r["closed_vs_eot"]
-    assert all(v < 1e-12 for k, v in errors.items() if k != "entmax a=3.0"), errors
-    # "the measured error is far above round-off (above 1e-10) but below sqrt(1e-6) = 1e-3.
-    #  Asking for 60 steps (n_iter=60) brings it back to round-off."
-    assert 1e-10 < errors["entmax a=3.0"] < 1e-3
-    assert errors["entmax a=3.0, n_iter=60"] < 1e-12
+    assert all(v < 1e-12 for k, v in errors.items() if k != "entmax a=3.0, tol=1e-6"), errors
+    assert errors["entmax a=3.0"] < 1e-12
+    # "asked only for lambda to 1e-6 (tol=1e-6), the measured error is far above round-off
+    #  (above 1e-10) but below sqrt(1e-6) = 1e-3"
+    assert 1e-10 < errors["entmax a=3.0, tol=1e-6"] < 1e-3
     # "The identities between the members of the family ... hold to round-off too."
     assert all(v < 1e-12 for v in r["cross_checks"].values())
     # "softmax (blue) is the only transform that gives every key a positive weight"; "The Tsallis
     #  family (orange) zeroes out more keys as alpha grows"; the prior softmax never zeroes a key
     sup = r["support_one_vector"]
     assert sup["softmax"] == 8 and sup["prior softmax"] == 8
-    tsallis = [sup["entmax a=1.25"], sup["1.5-entmax"], sup["sparsemax"], sup["entmax a=3.0, n_iter=60"]]
+    tsallis = [sup["entmax a=1.25"], sup["1.5-entmax"], sup["sparsemax"], sup["entmax a=3.0"]]
     assert all(x < 8 for x in tsallis) and all(x >= y for x, y in zip(tsallis, tsallis[1:])) and tsallis[0] > tsallis[-1]
     # figure "ch3-regularizers-weights" (alt text): "alpha-entmax 1.25 keeps 7 keys, 1.5-entmax 4,
     #  sparsemax 2 and alpha-entmax 3 one"

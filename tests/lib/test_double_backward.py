@@ -37,7 +37,8 @@ def attnopt_functions() -> dict[str, type]:
     while stack:
         for sub in stack.pop().__subclasses__():
             stack.append(sub)
-            if sub.__module__.startswith("attnopt"):
+            # the package's own modules only (not, say, tests/peers' attnopt_entmax_shim)
+            if sub.__module__ == "attnopt" or sub.__module__.startswith("attnopt."):
                 found[f"{sub.__module__}.{sub.__qualname__}"] = sub
     return found
 
