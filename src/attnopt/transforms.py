@@ -636,8 +636,10 @@ def sinkhorn_attention(scores: torch.Tensor, eps: float = 1.0, n_iter: int = 100
         >>> ones = torch.ones(4)
         >>> torch.allclose(out.weights.sum(-1), ones)
         True
-        >>> torch.allclose(out.weights.sum(-2), ones, atol=1e-4), bool(out.marginal_error <= 1e-5)
-        (True, True)
+        >>> torch.allclose(out.weights.sum(-2), ones, atol=1e-4)
+        True
+        >>> bool(out.marginal_error <= 1e-5)
+        True
 
         At a small ``eps`` many more iterations are needed; the old default, 20 fixed
         iterations, leaves the columns off by 2%:
@@ -646,7 +648,8 @@ def sinkhorn_attention(scores: torch.Tensor, eps: float = 1.0, n_iter: int = 100
         >>> out = sinkhorn_attention(s, eps=0.1, return_info=True)
         >>> out.n_iter, bool(out.marginal_error <= 1e-5)
         (300, True)
-        >>> fixed = sinkhorn_attention(s, eps=0.1, n_iter=20, tol=None, return_info=True)
+        >>> fixed = sinkhorn_attention(s, eps=0.1, n_iter=20, tol=None,
+        ...                            return_info=True)
         >>> round(float(fixed.marginal_error), 3)
         0.023
 
