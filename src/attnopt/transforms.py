@@ -632,7 +632,8 @@ def sinkhorn_attention(scores: torch.Tensor, eps: float = 1.0, n_iter: int = 100
     Examples:
         A square :math:`W` is doubly stochastic to the tolerance:
 
-        >>> out = sinkhorn_attention(torch.randn(4, 4), eps=1.0, return_info=True)
+        >>> scores = torch.randn(4, 4)
+        >>> out = sinkhorn_attention(scores, eps=1.0, return_info=True)
         >>> ones = torch.ones(4)
         >>> torch.allclose(out.weights.sum(-1), ones)
         True
