@@ -331,14 +331,22 @@ def save_figure(fig, name: str):
 
     if not isinstance(fig, Figure):
         raise TypeError(f"fig must be a matplotlib Figure; got {type(fig).__name__}")
+    path = _figure_path(name, ".png")
+    if path is not None:
+        fig.savefig(path)
+    return path
+
+
+def _figure_path(name: str, suffix: str) -> Path | None:
+    """``$ATTNOPT_FIGURES_DIR/<name><suffix>`` (its folder made), or None outside the book's build;
+    ``name`` must be a plain file stem."""
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
         raise ValueError(f"name must be a plain file stem of letters, digits, '-' and '_'; got {name!r}")
     folder = os.environ.get(FIGURES_ENV)
     if not folder:
         return None
-    path = Path(folder) / f"{name}.png"
+    path = Path(folder) / f"{name}{suffix}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
     return path
 
 
@@ -383,15 +391,11 @@ def save_page_explorer(explorer, name: str):
 
     if not isinstance(explorer, PageExplorer):
         raise TypeError(f"explorer must be a PageExplorer (attnopt.page_explorer); got {type(explorer).__name__}")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-        raise ValueError(f"name must be a plain file stem of letters, digits, '-' and '_'; got {name!r}")
-    folder = os.environ.get(FIGURES_ENV)
-    if not folder:
+    path = _figure_path(name, ".html")
+    if path is None:
         return None
     from PIL import Image
 
-    path = Path(folder) / f"{name}.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(explorer.html + "\n", encoding="utf-8")
     Image.open(io.BytesIO(explorer.images[explorer.default])).save(path.with_suffix(".png"), format="PNG")
     return path
