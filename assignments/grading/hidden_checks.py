@@ -58,6 +58,17 @@ def gaussian_lambda_star(h):
         check_close(f(mu, b, alpha, cov), solve_dual(b, templates, weights / weights.sum(), alpha), "lambda*", atol=1e-10)
 
 
+def _plain_newton_converges(b, T, u, alpha, solve_dual, n_iter=30) -> bool:
+    """Whether 30 undamped Newton steps on the dual from alpha (b - T^T u) reach solve_dual's maximizer."""
+    lam = alpha * (b - u @ T)
+    eye = torch.eye(T.shape[-1], dtype=T.dtype)
+    for _ in range(n_iter):
+        p = torch.softmax(torch.log(u) + T @ lam, dim=-1)
+        hess = -eye / alpha - T.T @ (torch.diag(p) - torch.outer(p, p)) @ T
+        lam = lam - torch.linalg.solve(hess, b - lam / alpha - p @ T)
+    return bool(torch.isfinite(lam).all()) and bool((lam - solve_dual(b, T, u, alpha)).abs().max() < 1e-10)
+
+
 def newton_dual(h):
     from attnopt.fenchel import solve_dual
 
@@ -65,16 +76,21 @@ def newton_dual(h):
     n, d = 8, 3
     T = torch.randn(n, d, generator=g)
     u = _normalize(torch.rand(n, generator=g))
-    # plain Newton from alpha z (what the task asks for) converges for these alphas and evidence sizes
-    # on every one of 300 random draws; alpha = 1.5 diverges on 5 % of them
-    with h.case("a preference with three zeros (masked templates), alpha = 0.8, agrees with solve_dual"):
-        u_masked = u.clone()
-        u_masked[:3] = 0.0
-        u_masked = _normalize(u_masked)
+    # The task promises that plain Newton from alpha z is enough here. Undamped Newton is not globally
+    # convergent: for this draw it diverges about once in a thousand keys (and on 5 % of them at
+    # alpha = 1.5), so an evidence on which it diverges is drawn again.
+    u_masked = u.clone()
+    u_masked[:3] = 0.0
+    u_masked = _normalize(u_masked)
+    b2 = u_masked @ T + torch.randn(d, generator=g)
+    while not _plain_newton_converges(b2, T, u_masked, 0.8, solve_dual):
         b2 = u_masked @ T + torch.randn(d, generator=g)
+    with h.case("a preference with three zeros (masked templates), alpha = 0.8, agrees with solve_dual"):
         check_close(f(b2, T, u_masked, 0.8), solve_dual(b2, T, u_masked, 0.8), "lambda*", atol=1e-9)
-    with h.case("another evidence, alpha = 1.0, agrees with solve_dual"):
+    b3 = u @ T + 0.5 * torch.randn(d, generator=g)
+    while not _plain_newton_converges(b3, T, u, 1.0, solve_dual):
         b3 = u @ T + 0.5 * torch.randn(d, generator=g)
+    with h.case("another evidence, alpha = 1.0, agrees with solve_dual"):
         check_close(f(b3, T, u, 1.0), solve_dual(b3, T, u, 1.0), "lambda*", atol=1e-9)
     with h.case("small alpha: |lambda* - alpha z| / |alpha z| shrinks like alpha (alpha = 0.1, 0.01, 0.001)"):
         z = torch.randn(d, generator=g)
@@ -330,7 +346,10 @@ def weighted_em_step(h):
     L, K = 45, 3
     points = torch.cat([0.1 * torch.randn(15, 2, generator=g) + c for c in torch.rand(3, 2, generator=g)])
     weights = 5 * torch.rand(L, generator=g)  # not summing to one
-    means0 = torch.rand(K, 2, generator=g)
+    # started, as EM usually is, near data points: a component started far from every point gets a
+    # tiny N_k, and its new mean is then ill-conditioned (differences of 1e-10 between two correct
+    # implementations on one key in a thousand, against 5e-14 at worst over 3,000 keys here)
+    means0 = points[torch.randperm(L, generator=g)[:K]] + 0.05 * torch.randn(K, 2, generator=g)
     covs0 = 0.05 * torch.eye(2).expand(K, 2, 2).clone()
     mixing0 = _normalize(torch.rand(K, generator=g) + 0.5)
     ours = None
@@ -338,9 +357,9 @@ def weighted_em_step(h):
         lib = weighted_em(points, _normalize(weights), K, n_iter=1,
                           init={"means": means0, "covariances": covs0, "mixing": mixing0}, tol=None, cov_floor=0.0)
         ours = f(points, weights, means0, covs0, mixing0)
-        check_close(ours[0], lib.means, "means", atol=1e-12)
-        check_close(ours[1], lib.covariances, "covariances", atol=1e-12)
-        check_close(ours[2], lib.mixing, "mixing weights", atol=1e-12)
+        check_close(ours[0], lib.means, "means", atol=1e-11)
+        check_close(ours[1], lib.covariances, "covariances", atol=1e-11)
+        check_close(ours[2], lib.mixing, "mixing weights", atol=1e-11)
     with h.case("scaling all weights by 7 does not change the step"):
         for a, b, name in zip(f(points, 7.0 * weights, means0, covs0, mixing0), f(points, weights, means0, covs0, mixing0),
                               ("means", "covariances", "mixing weights")):
