@@ -69,6 +69,14 @@ def _plain_newton_converges(b, T, u, alpha, solve_dual, n_iter=30) -> bool:
     return bool(torch.isfinite(lam).all()) and bool((lam - solve_dual(b, T, u, alpha)).abs().max() < 1e-10)
 
 
+def _evidence_where_newton_converges(draw, T, u, alpha, solve_dual):
+    for _ in range(100):  # one draw in a thousand is redrawn: 100 tries never run out
+        b = draw()
+        if _plain_newton_converges(b, T, u, alpha, solve_dual):
+            return b
+    raise RuntimeError("100 evidences drawn, and undamped Newton diverged on each")
+
+
 def newton_dual(h):
     from attnopt.fenchel import solve_dual
 
@@ -82,14 +90,10 @@ def newton_dual(h):
     u_masked = u.clone()
     u_masked[:3] = 0.0
     u_masked = _normalize(u_masked)
-    b2 = u_masked @ T + torch.randn(d, generator=g)
-    while not _plain_newton_converges(b2, T, u_masked, 0.8, solve_dual):
-        b2 = u_masked @ T + torch.randn(d, generator=g)
+    b2 = _evidence_where_newton_converges(lambda: u_masked @ T + torch.randn(d, generator=g), T, u_masked, 0.8, solve_dual)
     with h.case("a preference with three zeros (masked templates), alpha = 0.8, agrees with solve_dual"):
         check_close(f(b2, T, u_masked, 0.8), solve_dual(b2, T, u_masked, 0.8), "lambda*", atol=1e-9)
-    b3 = u @ T + 0.5 * torch.randn(d, generator=g)
-    while not _plain_newton_converges(b3, T, u, 1.0, solve_dual):
-        b3 = u @ T + 0.5 * torch.randn(d, generator=g)
+    b3 = _evidence_where_newton_converges(lambda: u @ T + 0.5 * torch.randn(d, generator=g), T, u, 1.0, solve_dual)
     with h.case("another evidence, alpha = 1.0, agrees with solve_dual"):
         check_close(f(b3, T, u, 1.0), solve_dual(b3, T, u, 1.0), "lambda*", atol=1e-9)
     with h.case("small alpha: |lambda* - alpha z| / |alpha z| shrinks like alpha (alpha = 0.1, 0.01, 0.001)"):

@@ -34,7 +34,13 @@ def book_scale_budget_s() -> float:
 
 
 def test_every_notebook_within_its_cpu_budget(results):
+    """The budget is one core's time: each kernel computes with one thread, so its CPU time is its
+    wall time on a quiet machine, and unlike the wall time it does not grow while a neighbour holds
+    the core (the VQA notebook took 200 s quiet and 459 s beside a busy core, its CPU time 0.x of that)."""
     budget = book_scale_budget_s()
     timings = results("_timings")
-    slow = {stem: t["seconds"] for stem, t in timings.items() if not t["parameters"] and t["seconds"] > budget}
-    assert not slow, f"notebooks over {budget} s at scale='book': {slow}"
+    assert all("kernel_cpu_seconds" in t for t in timings.values()), "tools/run_notebooks.py records each kernel's CPU time"
+    slow = {stem: t["kernel_cpu_seconds"] for stem, t in timings.items()
+            if not t["parameters"] and t["kernel_cpu_seconds"] > budget}
+    assert not slow, f"notebooks over {budget} CPU seconds at scale='book': {slow}"
+    assert all(t["kernel_cpu_seconds"] > 1.0 for t in timings.values()), "a kernel's CPU time includes its imports"
