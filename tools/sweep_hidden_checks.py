@@ -35,11 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HIDDEN_CALL = re.compile(r'hidden_checks\("(\w+)", globals\(\)\)')
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("assignments_tool", ROOT / "tools" / "assignments.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_spec = importlib.util.spec_from_file_location("assignments_tool", ROOT / "tools" / "assignments.py")
+assignments_tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(assignments_tool)  # stage() and assignment_names(), loaded once
 
 
 def _source(cell) -> str:
@@ -50,7 +48,7 @@ def solution_namespaces(course: Path, tasks: set[str] | None = None):
     """Yield ``(assignment, task, namespace)``: the namespace of the instructor's notebook run up to
     and including the task's test cell (whose hidden checks run there once, under the staged secret).
     A notebook with none of ``tasks`` is not run."""
-    for name in _tool().assignment_names(course):
+    for name in assignments_tool.assignment_names(course):
         for path in sorted((course / "source" / name).glob("*.ipynb")):
             cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
             calls = [HIDDEN_CALL.search(_source(c)) for c in cells]
@@ -73,7 +71,7 @@ def sweep(n_secrets: int, tasks: set[str] | None = None, course: Path | None = N
     failures: dict[str, list[tuple[str, str]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         course = course or Path(tmp) / "course"
-        _tool().stage(course)
+        assignments_tool.stage(course)
         os.environ["ATTNOPT_COURSE_DIR"] = str(course)
         os.environ["ATTNOPT_COURSE_SECRET"] = "sweep/staged"
         try:
