@@ -16,6 +16,10 @@ notebook's numbers do not depend on the machine or on how many run beside it, an
 not fight over the cores. The longest notebooks start first: the order is the wall times of the
 last runs (``_build/results/_timings.json``), else the rough times in :data:`EXPECTED_SECONDS`.
 
+CPU time: each notebook's kernel CPU time is recorded in ``_build/results/_timings.json`` with the
+CPU time of a fixed PyTorch workload measured in the same run (tools/cpu_reference.py, before and
+after the notebooks), so that the budget test compares what a notebook does on any machine.
+
 Usage: python tools/run_notebooks.py [--force] [--jobs N] [--only STEM ...] [-p NAME VALUE ...]
 """
 
@@ -34,6 +38,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import cpu_reference  # noqa: E402  (tools/ is no package)
 # ATTNOPT_BUILD_DIR lets several builds (e.g. one per chapter being written) live side by side.
 BUILD = (ROOT / os.environ.get("ATTNOPT_BUILD_DIR", "_build")).resolve()
 SITE = BUILD / "site"
@@ -235,10 +241,14 @@ def main(argv=None) -> int:
     total = time.perf_counter()
     timings_file = RESULTS / "_timings.json"
     timings = json.loads(timings_file.read_text()) if timings_file.exists() else {}
+    reference = [cpu_reference.measure(repeat=2)]  # this machine's speed, now and after the notebooks
     results, failures = run_all(longest_first(notebooks, timings), parameters, force, jobs)
+    if any(status == "executed" for status, _, _ in results.values()):
+        reference.append(cpu_reference.measure(repeat=2))
     for stem, (status, seconds, cpu_seconds) in results.items():
         if status == "executed":  # the last real execution's times, for the time budget test
-            timings[stem] = {"seconds": round(seconds, 1), "kernel_cpu_seconds": round(cpu_seconds, 1), "parameters": parameters}
+            timings[stem] = {"seconds": round(seconds, 1), "kernel_cpu_seconds": round(cpu_seconds, 1),
+                             "reference_cpu_seconds": round(min(reference), 3), "parameters": parameters}
     timings_file.write_text(json.dumps(timings, indent=2, sort_keys=True) + "\n")
     print(f"{len(notebooks)} notebook(s) in {time.perf_counter() - total:.1f} s ({jobs} at a time, one thread each)")
     for name, err in sorted(failures):

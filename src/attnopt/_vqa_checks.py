@@ -169,3 +169,33 @@ def precision_args(attention_map, gt_mask) -> tuple[torch.Tensor, torch.Tensor]:
     check_finite(m, "gt_mask")
     broadcast_shapes(**{"attention_map (leading dims)": a.shape[:-2], "gt_mask (leading dims)": m.shape[:-2]})
     return a, (m != 0).to(a.dtype)
+
+
+def model_list(models, model_type) -> list:
+    """The checked models of :func:`~attnopt.vqa.train_seeds`: a non-empty sequence of distinct
+    ``model_type`` instances with one head and one configuration."""
+    if isinstance(models, torch.nn.Module) or not isinstance(models, (list, tuple)):
+        raise TypeError(f"models must be a list or tuple of VQAModel; got {type(models).__name__}")
+    if not models:
+        raise ValueError("models must hold at least one model")
+    for i, model in enumerate(models):
+        instance_arg(model, model_type, f"models[{i}]")
+    if len({id(model) for model in models}) != len(models):
+        raise ValueError("models must be distinct (the same model twice would take two steps at once)")
+    first = models[0]
+    for i, model in enumerate(models[1:], start=1):
+        if model.head_name != first.head_name or model.config != first.config:
+            raise ValueError(f"models[{i}] has another head or configuration than models[0] "
+                             f"({model.head_name!r} and {first.head_name!r}): they share one head")
+        if model.device_marker.device != first.device_marker.device:
+            raise ValueError(f"models[{i}] is on {model.device_marker.device}, models[0] on {first.device_marker.device}")
+    return list(models)
+
+
+def seed_list(seeds, n: int) -> list[int]:
+    """The checked seeds of :func:`~attnopt.vqa.train_seeds`: ``n`` of them."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, (list, tuple, range)):
+        raise TypeError(f"seeds must be a list of ints; got {type(seeds).__name__}")
+    if len(seeds) != n:
+        raise ValueError(f"seeds must give one seed per model: {n} models, {len(seeds)} seeds")
+    return [seed_arg(seed) for seed in seeds]

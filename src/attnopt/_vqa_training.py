@@ -144,6 +144,63 @@ def train_epochs(model, data, features, epochs, batch_size, lr, weight_decay, se
     return history
 
 
+def train_jointly(models, data, features, epochs, batch_size, lr, weight_decay, seeds, progress,
+                  on_epoch: Callable | None = None) -> list[dict[str, list]]:
+    """The loop of :func:`~attnopt.vqa.train_seeds` on checked arguments: ``models[i]`` trained as
+    :func:`train_epochs` trains it with ``seeds[i]`` (no auxiliary loss), all in one loop.
+
+    Each model keeps its own shuffling generator, its own optimizer state and its own batch-norm
+    statistics; what they share is one call of the head per step on the rows of every model
+    stacked, ``(M*B, L)`` scores and ``(M*B, L, d)`` features.  The heads have no parameters and
+    act row by row, so every model gets the gradient it would get alone; the stacking only spares
+    ``M - 1`` of the head's many small operator calls per step, where most of the time goes on a CPU.
+    One AdamW over all the parameters is ``M`` independent AdamWs (its update is elementwise and
+    every model follows the same one-cycle schedule)."""
+    head, dev = models[0].attention, models[0].device_marker.device
+    n, m = len(data), len(models)
+    steps = math.ceil(n / batch_size)
+    params = [p for model in models for p in model.parameters()]
+    opt = OneCycle(torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay), lr, epochs, steps)
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    torch.manual_seed(seeds[0])
+    histories = [{"loss": [], "accuracy": [], "epoch_time": [], "on_epoch": []} for _ in models]
+    bar = Progress(epochs * steps, f"{models[0].head_name} x{m}", progress)
+    for model in models:
+        model.train()
+    for epoch in range(1, epochs + 1):
+        t0 = time.perf_counter()
+        perms = [torch.randperm(n, generator=g).to(data.answers.device) for g in generators]
+        total_loss = torch.zeros(m, device=dev)
+        correct = torch.zeros(m, device=dev)
+        for s in range(0, n, batch_size):
+            idx = [perm[s:s + batch_size] for perm in perms]
+            h = torch.stack([features[data.scene[i]] for i in idx]).to(dev)  # (M, B, L, d)
+            y = torch.stack([data.answers[i] for i in idx]).to(dev)  # (M, B)
+            encoded = [model.encode_question(data.questions[i].to(dev)) for model, i in zip(models, idx)]
+            query = torch.stack([e[0] for e in encoded]).to(h.dtype)  # (M, B, d)
+            scores = torch.einsum("mbld,mbd->mbl", h, query)
+            if head is None:  # discrete attention
+                context = torch.einsum("mbl,mbld->mbd", torch.softmax(scores, -1), h)
+            else:  # one call of the head on the M*B rows
+                context = head(scores.flatten(0, 1), h.flatten(0, 1)).unflatten(0, (m, -1))
+            logits = torch.stack([model.classify(c, e[1]) for model, c, e in zip(models, context, encoded)])
+            losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(m, -1).mean(-1)
+            opt.step(losses.sum())  # the models share no parameter: each gets its own loss's gradient
+            total_loss += losses.detach() * y.shape[1]
+            correct += (logits.argmax(-1) == y).sum(-1)
+            bar.update()
+        seconds = time.perf_counter() - t0
+        for k, (model, history) in enumerate(zip(models, histories)):
+            history["loss"].append(float(total_loss[k]) / n)
+            history["accuracy"].append(float(correct[k]) / n)
+            history["epoch_time"].append(seconds / m)
+            history["on_epoch"].append(None if on_epoch is None else _observe(model, epoch, on_epoch))
+    bar.close()
+    for model in models:
+        model.eval()
+    return histories
+
+
 def mask_supervision(data, beta: float) -> Callable | None:
     r"""The auxiliary loss of :func:`~attnopt.vqa.train` with weight ``beta`` (``None`` for 0):
     ``loss(output, idx)`` is :math:`-\beta\log\sum_{c\in M}a_c`, averaged over the questions ``idx``

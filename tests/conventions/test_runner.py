@@ -143,6 +143,8 @@ def test_notebooks_run_side_by_side_with_one_thread_each(runner, tmp_path, monke
     assert set(timings) == {"left", "right"}, "only real executions are timed"
     for name in ("left", "right"):  # the kernel's CPU time is counted (its start-up alone takes some)
         assert 0.0 < timings[name]["kernel_cpu_seconds"] <= timings[name]["seconds"] * 1.5, timings[name]
+        # with the CPU time of the reference workload in the same run (the budget test's yardstick)
+        assert 0.1 < timings[name]["reference_cpu_seconds"] < 60, timings[name]
 
     # the cache still works: the two good notebooks are not executed again, the broken one is
     (tmp_path / "notebooks" / "broken.ipynb").unlink()

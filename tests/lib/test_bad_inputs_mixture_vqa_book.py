@@ -328,6 +328,27 @@ def test_vqa_encoder_train_evaluate_sweep_and_maps_bad_input(tiny_model, tiny_ba
         vqa.train(tiny_model, b, f[:2])
     with pytest.raises(TypeError, match="data"):
         vqa.train(tiny_model, [1], f)
+    other = vqa.VQAModel("continuous_softmax")
+    with pytest.raises(TypeError, match="models"):
+        vqa.train_seeds(tiny_model, b, f, seeds=[0])
+    with pytest.raises(ValueError, match="at least one"):
+        vqa.train_seeds([], b, f, seeds=[])
+    with pytest.raises(TypeError, match=r"models\[1\]"):
+        vqa.train_seeds([tiny_model, "model"], b, f, seeds=[0, 1])
+    with pytest.raises(ValueError, match="distinct"):
+        vqa.train_seeds([tiny_model, tiny_model], b, f, seeds=[0, 1])
+    with pytest.raises(ValueError, match="another head"):
+        vqa.train_seeds([tiny_model, other], b, f, seeds=[0, 1])
+    with pytest.raises(ValueError, match="one seed per model"):
+        vqa.train_seeds([tiny_model], b, f, seeds=[0, 1])
+    with pytest.raises(TypeError, match="seeds"):
+        vqa.train_seeds([tiny_model], b, f, seeds=0)
+    with pytest.raises(ValueError, match="epochs"):
+        vqa.train_seeds([tiny_model], b, f, seeds=[0], epochs=0)
+    with pytest.raises(TypeError, match="on_epoch"):
+        vqa.train_seeds([tiny_model], b, f, seeds=[0], on_epoch="evaluate")
+    with pytest.raises(ValueError, match="features"):
+        vqa.train_seeds([tiny_model], b, f[:2], seeds=[0])
     with pytest.raises(ValueError, match="batch_size"):
         vqa.evaluate(tiny_model, b, f, batch_size=0)
     with pytest.raises(ValueError, match="features"):
