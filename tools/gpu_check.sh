@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The GPU checks of the course, in one go: the CUDA test subset, every benchmark on the GPU, every
+# The GPU checks of the course, in one go: the CUDA test subset, the Triton kernels' tests at full
+# size and their benchmarks against entmax, AdaSplash and PyTorch, every benchmark on the GPU, every
 # notebook at scale="book" on the GPU (tools/time_notebooks.py) and, unless "quick" is given, the
 # whole library suite under the machine's own torch and every notebook at scale="full".
 # Logs go to $OUT (default _build/gpu).
 #
 #   OUT=_build/gpu bash tools/gpu_check.sh [quick]
 #
-# Wheels for packages the GPU machine lacks (entmax, POT) may be placed in .whl/ beforehand; they
+# Wheels for packages the GPU machine lacks (entmax, POT, adasplash) may be placed in .whl/ beforehand; they
 # are installed into a private target, nothing system-wide.  Steps run in order of importance and
 # each has its own time limit, so a short lease still returns the most useful numbers first.
 set -uo pipefail
@@ -31,6 +32,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
   nproc; } > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 step cuda_tests 240 $PY -m pytest tests/lib -m cuda -q -p no:cacheprovider
+# the Triton kernels compiled for this GPU, at full size (on the CPU they run in the interpreter)
+step triton_tests 300 env ATTNOPT_FULL_SIZE=1 $PY -m pytest tests/lib/test_transforms_triton.py tests/lib/test_flash_attention.py -q -p no:cacheprovider
+step gpu_kernels 240 $PY benchmarks/gpu_kernels.py --device cuda --out "$OUT/gpu_kernels.json"
+step flash_attention 240 $PY benchmarks/flash_attention.py --device cuda --out "$OUT/flash_attention.json"
 step transforms 240 $PY benchmarks/transforms.py --device cuda ${1:+--quick}
 step dual_solver 120 $PY benchmarks/dual_solver.py --device cuda --clock wall
 for b in continuous mixture; do
