@@ -28,14 +28,16 @@ c.Execute.startup_timeout = 180
 # submissions you trust).
 import sys  # noqa: E402
 
+sys.dont_write_bytecode = True  # nothing is written into grading/ (its files stay as make assignments left them)
 sys.path.insert(0, os.path.join(here, "grading"))
 from autograde_sandbox import SandboxedExecute  # noqa: E402
 from nbgrader.converters.autograde import Autograde  # noqa: E402
 from nbgrader.preprocessors import Execute  # noqa: E402
 
 c.Autograde.autograde_preprocessors = [
-    SandboxedExecute if step is Execute else step for step in Autograde.autograde_preprocessors.default_value
+    SandboxedExecute if step is Execute else step for step in Autograde.class_traits()["autograde_preprocessors"].default()
 ]
+assert SandboxedExecute in c.Autograde.autograde_preprocessors, "nbgrader's Execute step not found"
 c.SandboxedExecute.course_directory = here
 c.SandboxedExecute.timeout = 60
 c.SandboxedExecute.allow_unsandboxed = False

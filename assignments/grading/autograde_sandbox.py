@@ -376,8 +376,11 @@ def _trusted_cells(nb, resources) -> dict[int, str]:
                 continue
             if source.cell_type == "code" and source.locked and source.source == cell.source:
                 seen.add(gid)
-                graded = bool(info.get("grade")) and gid in {c.name for c in gb.find_notebook(meta["notebook"], meta["assignment"]).grade_cells}
-                trusted[i] = "test" if graded else "setup"
+                try:
+                    gb.find_grade_cell(gid, meta["notebook"], meta["assignment"])
+                    trusted[i] = "test"
+                except MissingEntry:
+                    trusted[i] = "setup"
     return trusted
 
 

@@ -293,6 +293,13 @@ def hidden_checks(task: str, namespace: dict) -> None:
     per check (its label, and for a failure what was expected and found) and fail if any failed."""
     import importlib.util
 
+    import os
+
+    if GRADING_COURSE is None and os.environ.get("NBGRADER_EXECUTION") == "autograde":
+        # autograde ran this cell in the submission's own kernel: the course's nbgrader_config.py did
+        # not load (nbgrader then falls back to its defaults), and grades made there could be forged
+        raise AssertionError("autograde ran this notebook without the course's sandbox (see the errors about "
+                             "nbgrader_config.py in autograde's log); no points are given until it is fixed")
     course = _course_directory()
     if course is None:
         print(f"hidden checks of {task}: they run when your notebook is graded, on other inputs")
