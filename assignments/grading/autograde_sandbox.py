@@ -94,8 +94,11 @@ def bwrap_command(python: str, scratch: str, course: str | None) -> list[str]:
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
             roots.append(path)
-    # the interpreter and its packages: the environment (a venv) and the Python it was made from
-    prefix = os.path.realpath(os.path.dirname(os.path.dirname(python)))
+    # the interpreter and its packages: the environment (a venv) and the Python it was made from; the
+    # interpreter is named by its folder's real path (a linked venv folder is not in the sandbox), and
+    # not resolved itself, so that it still finds its venv's pyvenv.cfg
+    python = os.path.join(os.path.realpath(os.path.dirname(python)), os.path.basename(python))
+    prefix = os.path.dirname(os.path.dirname(python))
     for path in sorted({prefix, os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}):
         if not any(_within(path, r) for r in roots):
             args += ["--ro-bind", path, path]
@@ -152,10 +155,10 @@ class Sandbox:
                     + ". Grading untrusted code without one would let it read the course secret and the hidden "
                     "checks and rewrite other students' grades, so autograde stops. Install bubblewrap, or, for "
                     "submissions you trust, set c.SandboxedExecute.allow_unsandboxed = True in nbgrader_config.py.")
-            self._start(unsandboxed_command(python), cwd=self.scratch)
+            self._start(unsandboxed_command(python), cwd=self.scratch, isolated=False)
             self.kind = "none"
 
-    def _start(self, command: list[str], cwd) -> None:
+    def _start(self, command: list[str], cwd, isolated: bool = True) -> None:
         env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": self.scratch, "MPLBACKEND": "Agg"}
         self.errors = tempfile.TemporaryFile()
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
@@ -167,8 +170,8 @@ class Sandbox:
             detail = self.errors.read().decode(errors="replace").strip()[-2000:]
             self.process.kill()
             raise SandboxUnavailable(f"{command[0]} could not start the grading process ({exc}; {detail})") from None
-        if reply.get("library_found") is not False:
-            self.close()
+        if isolated and reply.get("library_found") is not False:
+            self.kill()
             raise SandboxUnavailable("the course library attnopt is importable inside the sandbox; refusing to grade")
 
     def request(self, header: dict, blobs=(), timeout: float | None = None) -> tuple[dict, list[bytes]]:

@@ -5,8 +5,7 @@ Each cheater hands in the chapter 3 assignment with Task 4 answered honestly (2 
 to 3 faked by one trick: rewriting the grading files, reading and printing the course secret,
 patching ``coursework``, overriding ``own`` and the checks in the notebook, loading a renamed copy
 of the library, executing the instructor's source notebook, writing into another student's
-submission and the gradebook, reaching the network, or forging a locked cell's metadata so that its
-code runs as a check. Each must score exactly 2 (its faked tasks 0), the course's files must stay
+submission and the gradebook, or reaching the network. Each must score exactly 2 (its faked tasks 0), the course's files must stay
 byte for byte as they were, the secret must appear in no graded notebook, and the honest student
 graded after them keeps 10 of 10. Needs bubblewrap (``apt-get install bubblewrap``); without a
 working sandbox, autograde must refuse and say why, which is tested too.
@@ -164,12 +163,6 @@ except OSError as e:
     }
 
 
-FORGED = {  # a cell with a locked grade id of its own, hoping to run as a check in the grader
-    "i-forged-locked-cell": (ZEROS, {"grade": False, "grade_id": "my_setup", "locked": True, "solution": False,
-                                     "schema_version": 3}),
-}
-
-
 def snapshot(course: Path) -> dict[str, str]:
     """sha256 of every file of the course but nbgrader's own outputs (autograded/, the gradebook, logs)."""
     skip = ("autograded", "feedback", "gradebook.db", ".nbgrader.log", "grades.csv")
@@ -177,7 +170,7 @@ def snapshot(course: Path) -> dict[str, str]:
             if p.is_file() and not str(p.relative_to(course)).startswith(skip)}
 
 
-def hand_in(course: Path, student: str, cells: dict[str, str], extra: tuple[str, dict] | None = None) -> None:
+def hand_in(course: Path, student: str, cells: dict[str, str]) -> None:
     nb = json.loads((course / "release" / A / f"{A}.ipynb").read_text())
     source = json.loads((course / "source" / A / f"{A}.ipynb").read_text())
     solutions = {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in source["cells"]
@@ -188,11 +181,6 @@ def hand_in(course: Path, student: str, cells: dict[str, str], extra: tuple[str,
             cell["source"] = cells[gid]
         elif gid == "eot_value":
             cell["source"] = solutions["eot_value"]
-    if extra is not None:
-        code, meta = extra
-        setup = next(i for i, c in enumerate(nb["cells"]) if c["metadata"].get("nbgrader", {}).get("grade_id") == "setup")
-        nb["cells"].insert(setup + 1, {"cell_type": "code", "execution_count": None, "id": "forged", "outputs": [],
-                                       "metadata": {"nbgrader": meta}, "source": code})
     dest = course / "submitted" / student / A
     dest.mkdir(parents=True)
     (dest / f"{A}.ipynb").write_text(json.dumps(nb, indent=1))
@@ -242,14 +230,6 @@ def graded(tmp_path_factory):
     for student, code in planted.items():
         solution_cells = {"sparsemax_backward": code, "softmax_backward": "", "lse_hessian": ""}
         hand_in(course, student, solution_cells)
-    for student, extra in FORGED.items():
-        hand_in(course, student, {"sparsemax_backward": "", "softmax_backward": "", "lse_hessian": ""}, extra)
-        # the forged cell would write a marker into the course directory if it ran as the instructor
-        nb_path = course / "submitted" / student / A / f"{A}.ipynb"
-        nb = json.loads(nb_path.read_text())
-        forged = next(c for c in nb["cells"] if c.get("id") == "forged")
-        forged["source"] = ZEROS + f"\nopen({str(course / 'FORGED')!r}, 'w').write('ran as the instructor')\n"
-        nb_path.write_text(json.dumps(nb, indent=1))
     source = json.loads((course / "source" / A / f"{A}.ipynb").read_text())
     hand_in(course, "z-honest", {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in source["cells"]
                                  if c["metadata"].get("nbgrader", {}).get("solution") and c["cell_type"] == "code"})
@@ -258,7 +238,7 @@ def graded(tmp_path_factory):
     stop.set()
     thread.join()
     server.close()
-    return course, run, before, received, [*planted, *FORGED]
+    return course, run, before, received, list(planted)
 
 
 @needs_sandbox
@@ -270,7 +250,7 @@ def test_autograde_runs_every_submission(graded):
 
 
 @needs_sandbox
-@pytest.mark.parametrize("student", [*attacks(Path("/c"), Path("/l"), 0), *FORGED])
+@pytest.mark.parametrize("student", list(attacks(Path("/c"), Path("/l"), 0)))
 def test_a_trick_scores_nothing_for_what_it_faked(graded, student):
     got = scores(graded[0], student)
     assert {gid: got[gid] for gid in FAKED} == dict.fromkeys(FAKED, 0.0), got
@@ -287,7 +267,6 @@ def test_the_honest_student_graded_after_them_keeps_full_marks(graded):
 def test_the_course_files_are_unchanged(graded):
     course, _, before, _, _ = graded
     assert snapshot(course) == before
-    assert not (course / "FORGED").exists()
 
 
 @needs_sandbox
@@ -366,5 +345,41 @@ def test_gradients_flow_through_a_sandboxed_call_and_errors_name_the_students_li
         with pytest.raises(autograde_sandbox.SandboxError) as error:
             autograde_sandbox.StudentFunction(sandbox, "g")(torch.zeros(2))
         assert error.value.ename == "IndexError" and error.value.frames[-1][2] == "return y / 0 if x.shape[0] > 2 else y[5]"
+    finally:
+        sandbox.close()
+
+
+@needs_sandbox
+def test_only_the_gradebooks_own_cells_run_as_checks(graded):
+    """A cell runs in the grader only if its grade id is the gradebook's and its text is the gradebook's,
+    word for word, once: forged metadata, an edited locked cell or a second copy run in the sandbox."""
+    import nbformat
+
+    course = graded[0]
+    nb = nbformat.read(course / "source" / A / f"{A}.ipynb", as_version=4)
+    by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
+    forged = lambda source, **meta: nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
+        "grade": False, "locked": True, "solution": False, "schema_version": 3, **meta}})
+    cells = [by_id["setup"], forged("open('x', 'w')", grade_id="setup"), forged("pass", grade_id="my_check"),
+             by_id["test_eot_value"], by_id["test_eot_value"], forged(by_id["test_lse_hessian"].source + "\npass",
+                                                                       grade_id="test_lse_hessian", grade=True, points=2),
+             by_id["eot_value"]]
+    nb.cells = cells
+    resources = {"nbgrader": {"db_url": f"sqlite:///{course / 'gradebook.db'}", "notebook": A, "assignment": A}}
+    assert autograde_sandbox._trusted_cells(nb, resources) == {0: "setup", 3: "test"}
+
+
+def test_the_explicit_override_grades_without_isolation_but_still_without_the_library():
+    import torch
+
+    with pytest.raises(autograde_sandbox.SandboxUnavailable):
+        autograde_sandbox.Sandbox(None, None, kind="none")
+    sandbox = autograde_sandbox.Sandbox(None, None, kind="none", allow_unsandboxed=True, timeout=120)
+    try:
+        assert sandbox.kind == "none"
+        reply, _ = sandbox.request({"op": "exec", "cell": 1, "code": (
+            "import torch\ndef f(x):\n    return 2 * x\ntry:\n    import attnopt\nexcept ImportError as e:\n    print(e)\n")})
+        assert "not available while your notebook is graded" in reply["output"]
+        assert torch.equal(autograde_sandbox.StudentFunction(sandbox, "f")(torch.ones(2)), torch.full((2,), 2.0))
     finally:
         sandbox.close()
