@@ -401,6 +401,24 @@ def _error_output(exc, filename: str):
                       traceback=["Traceback (most recent call last):", *lines, f"{ename}: {evalue}"])
 
 
+def bind_student_names(namespace: dict, names: dict, own_names: set, student_values: set, sandbox) -> None:
+    """Make the student's new functions callable from the checks (as proxies) and note their other
+    values. A name a trusted cell bound, a builtin (a student's ``abs`` or ``isinstance`` must not
+    answer for the checks) or a dunder is never taken from the student."""
+    import builtins
+
+    for name, what in names.items():
+        if (not isinstance(name, str) or not name.isidentifier() or name.startswith("__") or name in own_names
+                or hasattr(builtins, name)):
+            continue
+        if what == "callable":
+            namespace[name] = StudentFunction(sandbox, name)
+            student_values.discard(name)
+        else:
+            namespace.pop(name, None)
+            student_values.add(name)
+
+
 def run_notebook(nb, resources, sandbox: Sandbox, course: Path | None = None) -> None:
     """Run ``nb``'s code cells: the student's in ``sandbox``, the trusted ones (see
     :func:`_trusted_cells`) here with the student's functions as proxies; set each cell's outputs."""
@@ -433,15 +451,7 @@ def run_notebook(nb, resources, sandbox: Sandbox, course: Path | None = None) ->
                 if error and kind is None:
                     cell.outputs.append(_error_output(SandboxError(str(error.get("ename")), str(error.get("evalue")),
                                                                    error.get("frames", [])), ""))
-                for name, what in names.items():
-                    if not isinstance(name, str) or not name.isidentifier() or name in own_names:
-                        continue
-                    if what == "callable":
-                        namespace[name] = StudentFunction(sandbox, name)
-                        student_values.discard(name)
-                    else:
-                        namespace.pop(name, None)
-                        student_values.add(name)
+                bind_student_names(namespace, names, own_names, student_values, sandbox)
                 if kind is None:
                     continue
             filename = f"<{cell.metadata['nbgrader']['grade_id']}>"

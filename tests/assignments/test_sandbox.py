@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -50,6 +50,12 @@ def bwrap_works() -> bool:
 
 SANDBOX = bwrap_works()
 needs_sandbox = pytest.mark.skipif(not SANDBOX, reason="no working bubblewrap on this machine (apt-get install bubblewrap)")
+
+
+def test_the_sandbox_works_where_it_is_required():
+    """CI sets ATTNOPT_REQUIRE_SANDBOX=1 (.ci/run installs bubblewrap): there the attacks must run, not skip."""
+    if os.environ.get("ATTNOPT_REQUIRE_SANDBOX") == "1":
+        assert SANDBOX, "ATTNOPT_REQUIRE_SANDBOX=1, but bubblewrap does not work here (see autograde_sandbox.Sandbox)"
 
 # Functions that return zeros of the right shape: what a cheater hands in for the faked tasks.
 ZEROS = '''
@@ -383,3 +389,14 @@ def test_the_explicit_override_grades_without_isolation_but_still_without_the_li
         assert torch.equal(autograde_sandbox.StudentFunction(sandbox, "f")(torch.ones(2)), torch.full((2,), 2.0))
     finally:
         sandbox.close()
+
+
+def test_a_student_name_never_replaces_a_builtin_or_a_checks_name():
+    namespace = {"check_close": "the course's", "f": "the test cell's"}
+    values: set = set()
+    names = {"abs": "callable", "isinstance": "callable", "len": "value", "__builtins__": "value", "check_close": "callable",
+             "f": "callable", "eot_value": "callable", "n_keys": "value", "not an identifier": "callable", 3: "callable"}
+    autograde_sandbox.bind_student_names(namespace, names, {"check_close", "f"}, values, sandbox=None)
+    assert namespace["check_close"] == "the course's" and namespace["f"] == "the test cell's"
+    assert isinstance(namespace.pop("eot_value"), autograde_sandbox.StudentFunction)
+    assert set(namespace) == {"check_close", "f"} and values == {"n_keys"}
