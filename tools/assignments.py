@@ -33,6 +33,7 @@ SOURCE = ROOT / "assignments"
 # them, and the sandboxed autograde step (with the worker it runs in the sandbox)
 GRADING_FILES = ("hidden_checks.py", "coursework.py", "autograde_sandbox.py", "sandbox_worker.py")
 PRIVATE = ("course_secret", "grading", "source", "gradebook.db", "submitted", "autograded", "feedback", "downloaded")
+PRIVATE_FOLDERS = ("submitted", "autograded", "feedback", "downloaded")
 
 
 def nbgrader_command() -> list[str]:
@@ -99,6 +100,8 @@ def private(course: Path) -> None:
     exchange/) keeps its permissions."""
     for name in PRIVATE:
         path = course / name
+        if name in PRIVATE_FOLDERS:  # made now, so that what nbgrader writes into them is private from the start
+            path.mkdir(exist_ok=True)
         if path.exists():
             path.chmod(0o700 if path.is_dir() else 0o600)
 

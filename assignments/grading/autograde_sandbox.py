@@ -218,6 +218,8 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 self.kill()
             process.stdout.close()
+        if getattr(self, "errors", None) is not None:
+            self.errors.close()
         self.process = None
         shutil.rmtree(self.scratch, ignore_errors=True)
 

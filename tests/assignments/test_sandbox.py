@@ -400,3 +400,25 @@ def test_a_student_name_never_replaces_a_builtin_or_a_checks_name():
     assert namespace["check_close"] == "the course's" and namespace["f"] == "the test cell's"
     assert isinstance(namespace.pop("eot_value"), autograde_sandbox.StudentFunction)
     assert set(namespace) == {"check_close", "f"} and values == {"n_keys"}
+
+
+@needs_sandbox
+def test_the_instructors_files_are_private(graded):
+    """On a shared machine students have accounts: only the instructor reads the secret, the checks,
+    the solutions, the gradebook and the submissions; the release stays readable."""
+    course = graded[0]
+    for name in tool.PRIVATE:
+        mode = (course / name).stat().st_mode & 0o777
+        assert mode & 0o077 == 0, f"{name}: mode {mode:o}"
+    assert (course / "release").stat().st_mode & 0o005 == 0o005
+
+
+def test_hidden_checks_fail_closed_when_autograde_runs_them_in_the_submissions_kernel(monkeypatch):
+    """If nbgrader_config.py did not load, nbgrader would run the notebook in a kernel the student
+    controls: the hidden checks then fail for everyone instead of passing for a cheater."""
+    import coursework
+
+    monkeypatch.setattr(coursework, "GRADING_COURSE", None)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    with pytest.raises(AssertionError, match="without the course's sandbox"):
+        coursework.hidden_checks("eot_value", {})
