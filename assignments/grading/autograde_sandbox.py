@@ -179,7 +179,8 @@ class Sandbox:
             raise SandboxError("SandboxStopped", "the grading process of your notebook stopped earlier "
                                "(a cell ran past its time limit, or your code ended the process)")
         deadline = time.monotonic() + (timeout or self.timeout)
-        fd = self.process.stdout.fileno()
+        fd, fd_in = self.process.stdout.fileno(), self.process.stdin.fileno()
+        os.set_blocking(fd_in, False)  # a worker that stops reading must not block the grader forever
 
         def read(n):
             left = deadline - time.monotonic()
@@ -187,8 +188,14 @@ class Sandbox:
                 raise TimeoutError
             return os.read(fd, n)
 
+        def write(view):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd_in], [], left)[1]:
+                raise TimeoutError
+            return os.write(fd_in, view[:65536])
+
         try:
-            wire.write_message(self.process.stdin.fileno(), header, blobs)
+            wire.write_message(fd_in, header, blobs, write)
             reply, reply_blobs = wire.read_message(read)
         except TimeoutError:
             self.kill()

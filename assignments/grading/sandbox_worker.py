@@ -148,13 +148,14 @@ def _pair(x):
     return x
 
 
-def write_message(fd: int, header: dict, blobs=()) -> None:
+def write_message(fd: int, header: dict, blobs=(), write=None) -> None:
+    """Send one message on ``fd`` (with ``write(view) -> bytes written`` instead of ``os.write`` if given)."""
     header = dict(header, blobs=[len(b) for b in blobs])
-    data = json.dumps(header).encode()
+    data = json.dumps(header, allow_nan=False).encode()
     payload = b"".join([struct.pack(">I", len(data)), data, *blobs])
     view = memoryview(payload)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[(write(view) if write else os.write(fd, view)):]
 
 
 def read_exact(read, n: int) -> bytes:

@@ -422,3 +422,23 @@ def test_hidden_checks_fail_closed_when_autograde_runs_them_in_the_submissions_k
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     with pytest.raises(AssertionError, match="without the course's sandbox"):
         coursework.hidden_checks("eot_value", {})
+
+
+@needs_sandbox
+def test_eight_megabytes_each_way_and_a_call_past_its_time_limit_stops_the_sandbox():
+    import torch
+
+    sandbox = autograde_sandbox.Sandbox(None, None, timeout=120)
+    try:
+        sandbox.request({"op": "exec", "cell": 1, "code": (
+            "import time\ndef double(x):\n    return 2 * x\ndef slow(x):\n    time.sleep(30)\n    return x\n")})
+        x = torch.randn(1000, 1000, dtype=torch.float64)
+        assert torch.equal(autograde_sandbox.StudentFunction(sandbox, "double")(x), 2 * x)
+        sandbox.timeout = 2
+        with pytest.raises(autograde_sandbox.SandboxError, match="more than 2 s") as error:
+            autograde_sandbox.StudentFunction(sandbox, "slow")(x)
+        assert error.value.ename == "CellTimeoutError"
+        with pytest.raises(autograde_sandbox.SandboxError, match="stopped earlier"):
+            autograde_sandbox.StudentFunction(sandbox, "double")(x)
+    finally:
+        sandbox.close()
