@@ -17,6 +17,31 @@ c.Execute.timeout = 60
 # Starting a kernel (and importing PyTorch) can take most of a minute on a busy machine.
 c.Execute.startup_timeout = 180
 
+# autograde: the student's code runs in a sandbox, the checks here (grading/autograde_sandbox.py).
+# nbgrader's Execute step (one Jupyter kernel, started as you, running checks and submission
+# together) is replaced by SandboxedExecute: the student's cells run in a bubblewrap sandbox with no
+# network, no access to this folder (secret, grading/, source/, gradebook, other submissions) and
+# without the library attnopt; the locked cells, matched word for word against the gradebook, run
+# in nbgrader's own process and call the student's functions in the sandbox, so nothing a
+# submission does to its own process changes its score. Where no sandbox works, autograde stops and
+# says why; `c.SandboxedExecute.allow_unsandboxed = True` grades anyway, without isolation (only for
+# submissions you trust).
+import sys  # noqa: E402
+
+sys.dont_write_bytecode = True  # nothing is written into grading/ (its files stay as make assignments left them)
+sys.path.insert(0, os.path.join(here, "grading"))
+from autograde_sandbox import SandboxedExecute  # noqa: E402
+from nbgrader.converters.autograde import Autograde  # noqa: E402
+from nbgrader.preprocessors import Execute  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [
+    SandboxedExecute if step is Execute else step for step in Autograde.class_traits()["autograde_preprocessors"].default()
+]
+assert SandboxedExecute in c.Autograde.autograde_preprocessors, "nbgrader's Execute step not found"
+c.SandboxedExecute.course_directory = here
+c.SandboxedExecute.timeout = 60
+c.SandboxedExecute.allow_unsandboxed = False
+
 # The exchange (release_assignment, fetch_assignment, submit, collect, release_feedback,
 # fetch_feedback): a folder every student can write to. By default the course directory's
 # exchange/; on a shared JupyterHub set ATTNOPT_EXCHANGE to a folder all users share (the

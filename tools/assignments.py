@@ -29,6 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "assignments"
+# grading/ of the course directory: the hidden checks, the checks' helpers as the grader imports
+# them, and the sandboxed autograde step (with the worker it runs in the sandbox)
+GRADING_FILES = ("hidden_checks.py", "coursework.py", "autograde_sandbox.py", "sandbox_worker.py")
+PRIVATE = ("course_secret", "grading", "source", "gradebook.db", "submitted", "autograded", "feedback", "downloaded")
+PRIVATE_FOLDERS = ("submitted", "autograded", "feedback", "downloaded")
 
 
 def nbgrader_command() -> list[str]:
@@ -46,6 +51,27 @@ def nbgrader_env() -> dict[str, str]:
     return env
 
 
+def sandbox_available() -> bool:
+    """Whether autograde's sandbox (bubblewrap) works on this machine: it starts one and stops it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("autograde_sandbox", SOURCE / "grading" / "autograde_sandbox.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        module.Sandbox(None, None, timeout=120).close()
+        return True
+    except module.SandboxUnavailable:
+        return False
+
+
+def autograde_flags() -> list[str]:
+    """Flags for ``nbgrader autograde`` in the tests: none where the sandbox works; elsewhere (a
+    machine without bubblewrap) the explicit override, so that the honest and mistaken submissions'
+    scores are still tested; the attacks need the sandbox and are skipped there."""
+    return [] if sandbox_available() else ["--SandboxedExecute.allow_unsandboxed=True"]
+
+
 def assignment_names(course: Path = SOURCE) -> list[str]:
     return sorted(p.name for p in (course / "source").iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
 
@@ -59,12 +85,25 @@ def stage(course: Path) -> None:
     for name in assignment_names(course):
         shutil.copy2(SOURCE / "grading" / "coursework.py", course / "source" / name / "coursework.py")
     (course / "grading").mkdir(exist_ok=True)
-    shutil.copy2(SOURCE / "grading" / "hidden_checks.py", course / "grading" / "hidden_checks.py")
+    for name in GRADING_FILES:
+        shutil.copy2(SOURCE / "grading" / name, course / "grading" / name)
     shutil.copy2(SOURCE / "nbgrader_config.py", course / "nbgrader_config.py")
     secret = course / "course_secret"
     if not os.environ.get("ATTNOPT_COURSE_SECRET") and not secret.exists():
         secret.write_text(secrets.token_hex(16) + "\n")
-        secret.chmod(0o600)
+    private(course)
+
+
+def private(course: Path) -> None:
+    """Only the instructor may read the secret, the checks, the solutions and the grades: on a shared
+    machine (a JupyterHub) students have accounts of their own. What students need (release/,
+    exchange/) keeps its permissions."""
+    for name in PRIVATE:
+        path = course / name
+        if name in PRIVATE_FOLDERS:  # made now, so that what nbgrader writes into them is private from the start
+            path.mkdir(exist_ok=True)
+        if path.exists():
+            path.chmod(0o700 if path.is_dir() else 0o600)
 
 
 def generate(course: Path, quiet: bool = False) -> dict[str, Path]:
@@ -86,6 +125,7 @@ def generate(course: Path, quiet: bool = False) -> dict[str, Path]:
         env=nbgrader_env(),
         check=True,
     )
+    private(course)  # the gradebook is new after the first run
     return {name: course / "release" / name for name in names}
 
 

@@ -125,6 +125,8 @@ def own(function, namespace: dict | None = None):
     """``function`` wrapped so that each call runs :func:`without_attnopt`."""
     if not callable(function):
         raise AssertionError(f"expected a function, found {type(function).__name__}: run the cell that defines it")
+    if type(function).__dict__.get("__sandboxed__"):  # autograde's proxy: it runs where attnopt is absent
+        return function
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
@@ -203,6 +205,9 @@ def check_close(found, expected, what: str, atol: float = 1e-12, rtol: float = 0
 # hidden checks (run only by nbgrader autograde; see hidden_checks.py of the course directory)
 
 
+GRADING_COURSE = None  # set by autograde_sandbox.py in the grader's process: the course being graded
+
+
 def _course_directory():
     """The course directory while grading, or None when a student runs the notebook.
 
@@ -214,6 +219,8 @@ def _course_directory():
     import os
     from pathlib import Path
 
+    if GRADING_COURSE is not None:
+        return Path(GRADING_COURSE)
     if os.environ.get("ATTNOPT_COURSE_DIR"):
         return Path(os.environ["ATTNOPT_COURSE_DIR"])
     here = Path.cwd().resolve()
@@ -264,7 +271,8 @@ class _Hidden:
         except AssertionError as error:
             self.results.append((label, str(error)))
         except Exception as error:  # the student's function raised: say where, in their code only
-            self.results.append((label, f"your code raised {type(error).__name__}: {error}{_student_frames(error)}"))
+            name = getattr(error, "ename", None) or type(error).__name__  # a SandboxError carries the student's type
+            self.results.append((label, f"your code raised {name}: {error}{_student_frames(error)}"))
         else:
             self.results.append((label, None))
 
@@ -272,8 +280,11 @@ class _Hidden:
 def _student_frames(error) -> str:
     import traceback
 
+    if getattr(error, "frames", None) is not None:  # raised in the sandbox: the student's own lines only
+        return "".join(f" (line {lineno} of your cell: `{line}`)" for _, lineno, line in error.frames[-2:])
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not any(part in f.filename for part in ("coursework.py", "hidden_checks.py", "site-packages", "/attnopt/"))]
+              if not any(part in f.filename for part in ("coursework.py", "hidden_checks.py", "site-packages", "/attnopt/",
+                                                         "autograde_sandbox.py", "sandbox_worker.py"))]
     return "".join(f" (line {f.lineno} of your cell: `{(f.line or '').strip()}`)" for f in frames[-2:])
 
 
@@ -282,6 +293,13 @@ def hidden_checks(task: str, namespace: dict) -> None:
     per check (its label, and for a failure what was expected and found) and fail if any failed."""
     import importlib.util
 
+    import os
+
+    if GRADING_COURSE is None and os.environ.get("NBGRADER_EXECUTION") == "autograde":
+        # autograde ran this cell in the submission's own kernel: the course's nbgrader_config.py did
+        # not load (nbgrader then falls back to its defaults), and grades made there could be forged
+        raise AssertionError("autograde ran this notebook without the course's sandbox (see the errors about "
+                             "nbgrader_config.py in autograde's log); no points are given until it is fixed")
     course = _course_directory()
     if course is None:
         print(f"hidden checks of {task}: they run when your notebook is graded, on other inputs")
