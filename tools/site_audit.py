@@ -291,7 +291,7 @@ _MOBILE_SCRIPT = r"""
     const eqno = holder.querySelector('.eqno');
     let overlap = false;
     if (eqno && eqno.offsetParent !== null) {
-      const a = eqno.getBoundingClientRect(), m = math.getBoundingClientRect(), v = holder.getBoundingClientRect();
+      const a = eqno.getBoundingClientRect(), m = math.getBoundingClientRect(), v = box.getBoundingClientRect();
       // the visible part of the equation (it may scroll inside its box)
       const left = Math.max(m.left, v.left), right = Math.min(m.right, v.right);
       overlap = a.left < right - 1 && a.right > left + 1 && a.top < m.bottom - 1 && a.bottom > m.top + 1;
@@ -338,6 +338,8 @@ def mobile_visit(browser, url: str, device: str) -> dict:
         with contextlib.suppress(Exception):
             page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=10_000)
             page.evaluate("() => MathJax.startup.promise")
+            # typeset and fitted (book/assets/maths_fit.js sets this after MathJax's first pass)
+            page.wait_for_function("() => document.documentElement.dataset.mathsFitted === 'true'", timeout=20_000)
         page.wait_for_timeout(100)
         info = page.evaluate(_MOBILE_SCRIPT)
         info["toggle"] = _contents_toggle(page)
