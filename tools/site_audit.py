@@ -31,9 +31,27 @@ Each check returns the places that fail it (an empty list is a pass):
     page's HTML outside its scripts and styles: a TeX command whose backslash a Python string
     swallowed (``"\\approx"`` holds U+0007) reaches the reader that way.
 
+A phone and a tablet pass (:func:`mobile_audit`; ``--mobile``) read every page again at 390 x 844
+with touch (a phone) and at 900 x 900 (a tablet) and list, per device:
+
+``contents_toggle``
+    Pages whose table-of-contents button does not open the contents, or whose open contents do
+    not close again (with Escape, as from a keyboard).
+``page_scrolls_sideways``
+    Pages wider than the screen (the whole page would scroll sideways).
+``cut_figures``
+    Images wider than the column that holds them (a part of the figure is cut off).
+``explorer_fit``
+    Page explorers wider than the screen, or with a control under 44 x 44 CSS px.
+``equation_numbers_overlap``
+    Display equations whose number is drawn over the equation.
+``equations_not_fitting``
+    Pages where more than a tenth of the display equations scroll sideways, and any equation
+    that scrolls without the ``maths-scrolls`` cue (``book/assets/maths_fit.js``).
+
 Usage::
 
-    python tools/site_audit.py [HTML_DIR] [--pages book/ch2/*.html ...] [--json OUT]
+    python tools/site_audit.py [HTML_DIR] [--pages book/ch2/*.html ...] [--json OUT] [--mobile]
 
 ``HTML_DIR`` defaults to ``_build/_build/html`` (``$ATTNOPT_BUILD_DIR`` is honoured).  The
 exit status is 1 when any check fails.  ``tests/book/test_reader.py`` runs the same checks in
@@ -93,6 +111,24 @@ LEAKS = re.compile(
     r"(/_build/|_build/results|PosixPath\(|WindowsPath\(|/tmp/|site-packages|<[\w.]+ object at 0x"
     r"|\b\w*Warning\b:|Traceback \(most recent call last\))"
 )
+
+#: The phone and the tablet of the mobile pass (:func:`mobile_audit`).
+DEVICES = {
+    "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, device_scale_factor=3),
+    "tablet": dict(viewport={"width": 900, "height": 900}),
+}
+MOBILE_CHECKS = (
+    "contents_toggle",
+    "page_scrolls_sideways",
+    "cut_figures",
+    "explorer_fit",
+    "equation_numbers_overlap",
+    "equations_not_fitting",
+)
+#: The smallest touch target the book draws for an explorer's control (WCAG 2.2 asks 24 px).
+MIN_TARGET_PX = 44
+#: The share of a page's display equations that may scroll sideways on a phone or a tablet.
+MAX_SCROLLING_SHARE = 0.10
 
 # Control characters a page's text may not hold: C0 less tab, newline and carriage return; DEL.
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -225,6 +261,136 @@ def visit(browser, url: str) -> dict:
     return info
 
 
+# What a phone or a tablet shows, gathered in one evaluation once MathJax has typeset the page.
+_MOBILE_SCRIPT = r"""
+() => {
+  const article = document.querySelector('article.bd-article') || document.querySelector('article') || document.body;
+  const width = window.innerWidth;
+  const out = {pageWidth: document.documentElement.scrollWidth, width: width, images: [], explorers: [],
+               equations: []};
+  for (const img of article.querySelectorAll('img')) {
+    if (img.offsetParent === null) continue;
+    const holder = img.closest('figure, .cell_output, .page-explorer, p, div') || article;
+    const r = img.getBoundingClientRect(), h = holder.getBoundingClientRect();
+    out.images.push({src: (img.getAttribute('src') || '').slice(0, 60), right: r.right, width: r.width,
+                     holderRight: h.right, articleRight: article.getBoundingClientRect().right});
+  }
+  for (const root of article.querySelectorAll('.page-explorer')) {
+    const r = root.getBoundingClientRect();
+    const small = [];
+    for (const c of root.querySelectorAll('input, select')) {
+      const b = c.getBoundingClientRect();
+      if (b.height < %(target)d || b.width < %(target)d) small.push(c.name + ' ' + Math.round(b.width) + 'x' + Math.round(b.height));
+    }
+    out.explorers.push({id: root.id, right: r.right, small: small,
+                        wired: root.dataset.wired === 'true'});
+  }
+  for (const box of article.querySelectorAll('mjx-container[display="true"]')) {
+    const holder = box.closest('div.math') || box.parentElement;
+    const math = box.querySelector('mjx-math') || box;
+    const eqno = holder.querySelector('.eqno');
+    let overlap = false;
+    if (eqno && eqno.offsetParent !== null) {
+      const a = eqno.getBoundingClientRect(), m = math.getBoundingClientRect(), v = box.getBoundingClientRect();
+      // the visible part of the equation (it may scroll inside its box)
+      const left = Math.max(m.left, v.left), right = Math.min(m.right, v.right);
+      overlap = a.left < right - 1 && a.right > left + 1 && a.top < m.bottom - 1 && a.bottom > m.top + 1;
+    }
+    const scroller = [box, holder].find(e => e.scrollWidth > e.clientWidth + 1);
+    out.equations.push({id: holder.id || '', scrolls: !!scroller, cue: holder.classList.contains('maths-scrolls'),
+                        overlap: overlap});
+  }
+  return out;
+}
+""" % {"target": MIN_TARGET_PX}
+
+
+def _contents_toggle(page) -> str | None:
+    """Open the table of contents with its visible button, close it with Escape; what went wrong."""
+    toggle = page.locator(".bd-header-article .primary-toggle, .header-article-items .primary-toggle")
+    if toggle.count() == 0:
+        toggle = page.locator(".primary-toggle:visible")
+    if toggle.count() == 0 or not toggle.first.is_visible():
+        return "no visible contents button"
+    toggle.first.click()
+    try:
+        page.wait_for_function("() => { const d = document.getElementById('pst-primary-sidebar-modal');"
+                               " return d && d.open && d.querySelector('nav a') !== null; }", timeout=2_000)
+    except Exception:
+        return "the contents button does not open the contents"
+    page.keyboard.press("Escape")
+    try:
+        page.wait_for_function("() => !document.getElementById('pst-primary-sidebar-modal').open", timeout=2_000)
+    except Exception:
+        return "the open contents do not close with Escape"
+    return None
+
+
+def mobile_visit(browser, url: str, device: str) -> dict:
+    """Open ``url`` on ``device`` (a key of :data:`DEVICES`), let MathJax typeset and return what the
+    page shows, and whether its contents open and close (``toggle``: None or what went wrong)."""
+    context = browser.new_context(**DEVICES[device])
+    local = "/".join(url.split("/", 3)[:3])
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(local) else route.abort())
+    page = context.new_page()
+    try:
+        page.goto(url, wait_until="load")
+        with contextlib.suppress(Exception):
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=10_000)
+            page.evaluate("() => MathJax.startup.promise")
+            # typeset and fitted (book/assets/maths_fit.js sets this after MathJax's first pass)
+            page.wait_for_function("() => document.documentElement.dataset.mathsFitted === 'true'", timeout=20_000)
+        page.wait_for_timeout(100)
+        info = page.evaluate(_MOBILE_SCRIPT)
+        info["toggle"] = _contents_toggle(page)
+    finally:
+        context.close()
+    return info
+
+
+def mobile_audit(html_dir: Path, pages: list[str] | None = None, browser=None,
+                 devices=tuple(DEVICES)) -> dict[str, dict[str, list[str]]]:
+    """The phone and tablet pass over ``pages`` (default: all): ``{device: {check: places}}``."""
+    html_dir = Path(html_dir)
+    pages = content_pages(html_dir) if pages is None else pages
+    found = {d: {name: [] for name in MOBILE_CHECKS} for d in devices}
+    with contextlib.ExitStack() as stack, serve(html_dir) as base:
+        if browser is None:
+            from playwright.sync_api import sync_playwright
+
+            playwright = stack.enter_context(sync_playwright())
+            browser = _launch(playwright)
+            stack.callback(browser.close)
+        for device in devices:
+            out = found[device]
+            for rel in pages:
+                info = mobile_visit(browser, f"{base}/{rel}", device)
+                if info["toggle"]:
+                    out["contents_toggle"].append(f"{rel}: {info['toggle']}")
+                if info["pageWidth"] > info["width"] + 1:
+                    out["page_scrolls_sideways"].append(f"{rel}: {info['pageWidth']} px on a {info['width']}-px screen")
+                for img in info["images"]:
+                    if img["right"] > min(img["holderRight"], img["articleRight"], info["width"]) + 1:
+                        out["cut_figures"].append(f"{rel}: {img['src']} ({img['width']:.0f} px wide)")
+                for ex in info["explorers"]:
+                    if ex["right"] > info["width"] + 1 or ex["small"] or not ex["wired"]:
+                        why = ", ".join(filter(None, [
+                            f"right edge at {ex['right']:.0f} px" if ex["right"] > info["width"] + 1 else "",
+                            f"controls under {MIN_TARGET_PX} px: {'; '.join(ex['small'])}" if ex["small"] else "",
+                            "not wired" if not ex["wired"] else ""]))
+                        out["explorer_fit"].append(f"{rel}: {ex['id']}: {why}")
+                eqs = info["equations"]
+                for eq in eqs:
+                    if eq["overlap"]:
+                        out["equation_numbers_overlap"].append(f"{rel}: {eq['id'] or 'an equation'}")
+                    if eq["scrolls"] and not eq["cue"]:
+                        out["equations_not_fitting"].append(f"{rel}: {eq['id'] or 'an equation'} scrolls without a cue")
+                scrolling = sum(eq["scrolls"] for eq in eqs)
+                if eqs and scrolling > MAX_SCROLLING_SHARE * len(eqs):
+                    out["equations_not_fitting"].append(f"{rel}: {scrolling} of {len(eqs)} display equations scroll")
+    return found
+
+
 def audit(html_dir: Path, pages: list[str] | None = None, browser=None) -> dict[str, list[str]]:
     """Run every check over ``pages`` (default: all) of the built book in ``html_dir``."""
     html_dir = Path(html_dir)
@@ -314,11 +480,22 @@ def main(argv=None) -> int:
     parser.add_argument("html_dir", nargs="?", default=str(build / "_build" / "html"))
     parser.add_argument("--pages", nargs="*", help="pages relative to HTML_DIR (globs allowed); default all")
     parser.add_argument("--json", help="write the findings to this file")
+    parser.add_argument("--mobile", action="store_true", help="run the phone and tablet pass instead")
     args = parser.parse_args(argv)
     html_dir = Path(args.html_dir)
     pages = None
     if args.pages:
         pages = sorted({str(p.relative_to(html_dir)) for pattern in args.pages for p in html_dir.glob(pattern)})
+    if args.mobile:
+        by_device = mobile_audit(html_dir, pages)
+        for device, checks in by_device.items():
+            for name in MOBILE_CHECKS:
+                print(f"{device} {name}: {len(checks[name])}")
+                for line in checks[name]:
+                    print(f"  {line}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(by_device, indent=2) + "\n")
+        return 1 if any(v for checks in by_device.values() for v in checks.values()) else 0
     found = audit(html_dir, pages)
     for name in CHECKS:
         print(f"{name}: {len(found[name])}")

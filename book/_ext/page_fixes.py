@@ -12,6 +12,11 @@
 * docutils writes the bibliography as ``role="list"`` holding ``role="doc-biblioentry"`` items;
   ARIA requires a list's children to be list items (``doc-biblioentry`` is deprecated), so the
   entries get ``role="listitem"``.
+* The book's two scripts go on every page, deferred (they run once the page is parsed, before
+  its DOMContentLoaded) and ahead of MathJax's (priority 200 < 500): ``page_explorer.js`` wires
+  the explorers before MathJax typesets the page (seconds on a theory page), ``navigation.js``
+  makes the sidebar's visible toggle open the table of contents, ``maths_fit.js`` sets a display
+  equation wider than a narrow column in a size that fits (see each one's header).
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
 
 
 def setup(app):
+    for script in ("page_explorer.js", "navigation.js", "maths_fit.js"):
+        app.add_js_file(script, priority=200, defer="defer")
     app.connect("html-page-context", _dedupe_scripts, priority=900)
     # after the theme has put its toctree function in the context (default priority 500)
     app.connect("html-page-context", _accessible_page, priority=900)

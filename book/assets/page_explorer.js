@@ -44,8 +44,24 @@
     show();
   }
 
+  // A second skip link, beside the theme's "Skip to main content": on a notebook's page the
+  // explorer may sit below dozens of code cells and links; with it, its first control is three
+  // presses of Tab (and an Enter) from the top of the page (issue 27).
+  function skipLink() {
+    var first = document.querySelector(".page-explorer[id]");
+    var skip = document.getElementById("pst-skip-link");
+    if (!first || !skip || skip.querySelector(".skip-to-explorer")) return;
+    var link = document.createElement("a");
+    link.href = "#" + first.id;
+    link.className = "skip-to-explorer";
+    link.textContent = "Skip to the explorer";
+    skip.appendChild(document.createTextNode(" "));
+    skip.appendChild(link);
+  }
+
   function wireAll() {
     document.querySelectorAll(".page-explorer").forEach(wire);
+    skipLink();
   }
 
   if (document.readyState === "loading") {

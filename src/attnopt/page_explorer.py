@@ -322,7 +322,8 @@ class PageExplorer:
 def page_explorer(controls: Sequence[Slider | Choice], draw: Callable[..., Frame], *, label: str,
                   figsize: tuple[float, float] = FIGSIZE, dpi: float = DPI, colors: int = COLORS,
                   image_format: str = "webp", number_format: str = "{:.3g}",
-                  max_bytes: int = MAX_BYTES, fixed_layout: bool = True) -> PageExplorer:
+                  max_bytes: int = MAX_BYTES, fixed_layout: bool = True,
+                  shared_limits: bool = True) -> PageExplorer:
     r"""Draw every state of a grid of controls and make the explorer the book's page can move.
 
     For each state :math:`(v_1,\dots,v_k)` of the product of the controls' grids, ``draw`` is
@@ -347,6 +348,13 @@ def page_explorer(controls: Sequence[Slider | Choice], draw: Callable[..., Frame
             the other frames of that combination reuse it (the axes do not jump under the
             reader's eyes, and drawing is about twice as fast).  A frame that draws a different
             number of axes gets its own layout.  ``False``: every frame its own layout.
+        shared_limits: every frame of a combination of choices shares its axes' limits, so that
+            moving a slider never rescales an axis (it looked like a zoom).  Each state is drawn
+            once without rendering to read its limits; axis :math:`k` of every frame is then
+            given :math:`[\min_s a_{k,s}, \max_s b_{k,s}]` over the states :math:`s` of its
+            combination (kept reversed where the default frame's axis is).  Colourbars keep their
+            own, and a state that draws other axes is left as drawn.  ``False``: each frame's own
+            limits.
 
     Returns:
         A :class:`PageExplorer`; a notebook shows it as its HTML.
@@ -354,7 +362,7 @@ def page_explorer(controls: Sequence[Slider | Choice], draw: Callable[..., Frame
     Raises:
         TypeError: ``controls`` not a sequence of Slider/Choice, ``draw`` not callable, ``label``
             or ``number_format`` not a string, ``dpi``, ``colors``, ``max_bytes`` or
-            ``fixed_layout`` of the wrong type, or ``draw`` returning something other than a
+            ``fixed_layout`` or ``shared_limits`` of the wrong type, or ``draw`` returning something other than a
             :class:`Frame`.
         ValueError: no control, two controls with one name, ``figsize`` not two positive
             numbers, ``dpi`` not in [30, 300], ``colors`` out of range, an unknown
@@ -401,10 +409,12 @@ def page_explorer(controls: Sequence[Slider | Choice], draw: Callable[..., Frame
         raise TypeError(f"number_format must be a string such as '{{:.3g}}'; got {type(number_format).__name__}")
     max_bytes = check_int(max_bytes, "max_bytes", minimum=1)
     fixed_layout = check_bool(fixed_layout, "fixed_layout")
+    shared_limits = check_bool(shared_limits, "shared_limits")
 
     shape = [len(c.values) for c in controls]
     states, frames, readouts, images = [], [], [], []
     style = {**_STYLE, "savefig.bbox": "standard"}  # every frame the same size: no tight crop
+    limits = _shared_limits(controls, draw, figsize, style) if shared_limits else {}
     layouts: dict[tuple, list] = {}  # per combination of choices: the axes' places at the sliders' defaults
     for indices in progress(_drawing_order(controls), desc="frames"):
         values = {c.name: c.values[i] for c, i in zip(controls, indices)}
@@ -414,6 +424,7 @@ def page_explorer(controls: Sequence[Slider | Choice], draw: Callable[..., Frame
         with mpl.rc_context(style):
             fig = Figure(figsize=figsize, layout=None if places else "constrained")
             frame = _check_frame(draw(fig, **values), where)
+            _apply_limits(fig, limits.get(choices))
             if places and len(places) == len(fig.axes):
                 for ax, box in zip(fig.axes, places):
                     ax.set_position(box)
@@ -436,6 +447,51 @@ def page_explorer(controls: Sequence[Slider | Choice], draw: Callable[..., Frame
         raise ValueError(f"the explorer's HTML weighs {explorer.nbytes / 1e6:.2f} MB, over max_bytes = "
                          f"{max_bytes / 1e6:.2f} MB: use fewer values in controls, or a smaller dpi")
     return explorer
+
+
+def _data_axes(fig) -> list:
+    """The figure's axes that hold data: all but colourbars (whose limits follow their mappable)."""
+    return [ax for ax in fig.axes if getattr(ax, "_colorbar", None) is None]
+
+
+def _shared_limits(controls, draw, figsize, style) -> dict[tuple, list]:
+    """Per combination of choices: each data axis's (xlim, ylim) spanning every state of the sliders.
+
+    Each state is drawn once on a figure that is never rendered (reading the limits autoscales
+    them; nothing is rasterized).  A combination whose states draw different numbers of axes gets
+    no shared limits: its axes do not correspond from frame to frame."""
+    spans: dict[tuple, list | None] = {}
+    for indices in _drawing_order(controls):
+        values = {c.name: c.values[i] for c, i in zip(controls, indices)}
+        choices = tuple(i for c, i in zip(controls, indices) if c.kind == "choice")
+        with mpl.rc_context(style):
+            fig = Figure(figsize=figsize)
+            draw(fig, **values)
+            seen = [(ax.get_xlim(), ax.get_ylim()) for ax in _data_axes(fig)]
+        if choices not in spans:  # the first state drawn is at the sliders' defaults
+            spans[choices] = seen
+            continue
+        known = spans[choices]
+        if known is None or len(known) != len(seen):
+            spans[choices] = None
+            continue
+        spans[choices] = [(_span(kx, x), _span(ky, y)) for (kx, ky), (x, y) in zip(known, seen)]
+    return {k: v for k, v in spans.items() if v is not None}
+
+
+def _span(known: tuple, new: tuple) -> tuple:
+    """The smallest interval holding both, in ``known``'s orientation (a reversed axis stays so)."""
+    lo, hi = min(*known, *new), max(*known, *new)
+    return (hi, lo) if known[0] > known[1] else (lo, hi)
+
+
+def _apply_limits(fig, limits) -> None:
+    axes = _data_axes(fig)
+    if not limits or len(limits) != len(axes):
+        return
+    for ax, (xlim, ylim) in zip(axes, limits):
+        ax.set_xlim(xlim)
+        ax.set_ylim(ylim)
 
 
 def _drawing_order(controls) -> list[tuple]:

@@ -415,7 +415,8 @@ def draw_regularizer(view: explore.RegularizerView, fig: Figure, *, tau: float |
     left.bar(keys, p, color=PALETTE["blue"], label="weight $p_j$")
     zero = keys[p == 0]
     left.plot(zero, np.zeros(len(zero)), "x", color="0.25", ms=7, mew=1.5, label="weight 0")
-    left.set(xlabel="key position $j$ (query at the last)", ylim=(0, 1.05))
+    # the top fifth of the panel is kept for the legend: no bar (a weight is at most 1) reaches it
+    left.set(xlabel="key position $j$ (query at the last)", ylim=(0, 1.32), yticks=[0, 0.25, 0.5, 0.75, 1])
     left.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
     left.set_title(f"{int(view.support_size)} of {n} keys kept")
     if np.any(bias != 0):
@@ -423,7 +424,7 @@ def draw_regularizer(view: explore.RegularizerView, fig: Figure, *, tau: float |
         twin.plot(keys, bias, "--", color=PALETTE["vermillion"], lw=1.5)
         twin.set_ylabel("ALiBi bias $b_j$", color=PALETTE["vermillion"])
         twin.spines["right"].set_visible(True)
-    left.legend(loc="upper left", handlelength=1.0)
+    left.legend(loc="upper left", handlelength=1.0, ncols=2, columnspacing=0.8)
     grid, curve = to_numpy(view.tau_grid), to_numpy(view.support_curve)
     right.semilogx(grid, curve, "-", color=PALETTE["blue"], lw=1.8, drawstyle="steps-mid")
     if tau is not None:
@@ -531,7 +532,8 @@ def draw_density(view: explore.DensityView, fig: Figure) -> None:
     right.bar(x, context, color=colours, alpha=0.8, label=r"$c=B\,\mathbb{E}_p[\psi]$")
     right.plot(x, pixels, "D", color="black", ms=6, label="pixel rule")
     right.set_xticks(x, names)
-    right.set_ylim(0, max(1.0, 1.1 * float(np.max(np.r_[context, pixels]))))
+    # the top third is kept for the legend and the colour swatch: no bar or marker reaches it
+    right.set_ylim(0, 1.5 * max(1.0, float(np.max(np.r_[context, pixels]))))
     right.legend(loc="upper right")
     right.set_title("context vector")
     if channels == 3:
@@ -609,7 +611,8 @@ def draw_four_views(view: explore.FourViews, fig: Figure) -> None:
     r"""Draw a :class:`~attnopt.explore.FourViews` of one query on ``fig``.
 
     The SDPA weights as bars, the weights of the three discrete views as markers on them, and the
-    moment-matched Gaussian of the continuous view (chapter 4) as a curve, per unit of key index.
+    moment-matched Gaussian of the continuous view (chapter 4) as a curve, per unit of key index,
+    on a y axis fixed at [0, 1.1] (a narrow Gaussian's peak is cut off rather than rescaling it).
 
     Args:
         view: from :func:`attnopt.explore.four_views`, unbatched.
@@ -632,7 +635,9 @@ def draw_four_views(view: explore.FourViews, fig: Figure) -> None:
         density = np.exp(-0.5 * (t - mean) ** 2 / var) / math.sqrt(2 * math.pi * var)
         ax.plot(1 + t * (m - 1), density / (m - 1), color=PALETTE["sky"], lw=2, label="Gaussian (ch. 4)")
     ax.set(xlabel="key $j$", ylabel="weight $p_j$", xticks=keys, xlim=(0.3, m + 0.7))
-    ax.set_ylim(0, 1.15 * max(ax.get_ylim()[1], 0.3))
+    # one scale whatever the state (weights are at most 1): a narrow Gaussian's peak is cut at the
+    # top rather than rescaling the axis from frame to frame
+    ax.set_ylim(0, 1.1)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), handlelength=1.2)
     gap = float(view.gaps.max())
     ax.set_title(f"largest difference from SDPA: {gap:.0e}")

@@ -77,6 +77,7 @@ BAD = [
     (lambda: small([TAU], max_bytes=0), ValueError, "max_bytes"),
     (lambda: small([TAU], max_bytes=1000), ValueError, "max_bytes"),
     (lambda: small([TAU], fixed_layout="yes"), TypeError, "fixed_layout"),
+    (lambda: small([TAU], shared_limits=1), TypeError, "shared_limits"),
     # what draw returns
     (lambda: small([TAU], draw=lambda fig, tau: None), TypeError, "Frame"),
     (lambda: small([TAU], draw=lambda fig, tau: Frame([1.0], "a line from corner to corner")), TypeError, "numbers"),

@@ -189,3 +189,58 @@ def test_importing_needs_neither_ipython_nor_ipywidgets():
             "print(sorted(m for m in ('IPython', 'ipywidgets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _red_rows(data: bytes) -> set:
+    """The pixel rows where a pure-red line is drawn."""
+    rgb = pixels(data)
+    red = (rgb[..., 0] > 0.9) & (rgb[..., 1] < 0.2) & (rgb[..., 2] < 0.2)
+    return set(np.nonzero(red.any(axis=1))[0].tolist())
+
+
+def _slope_draw(fig, slope, mark):
+    """A line of slope ``slope`` (autoscaled y axis, reversed when ``mark`` is "flip") and a red
+    horizontal line at y = 0.5, whose pixel row shows where y = 0.5 is in the frame."""
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, slope], color="black")
+    ax.axhline(0.5, color=(1.0, 0.0, 0.0), lw=2)
+    if mark == "flip":
+        ax.invert_yaxis()
+    return Frame({"slope": slope}, f"a line of slope {slope}, a red line at one half")
+
+
+def test_shared_limits_keep_every_axis_still_as_the_slider_moves():
+    """Autoscaled, y = 0.5 sits on another row in every frame (the axis rescales: a zoom); with
+    shared limits it sits on one row in all of them, and the steepest line still fits."""
+    grid = [Slider("slope", [1.0, 2.0, 4.0], label="slope", default=1.0), Choice("mark", ["up", "flip"], label="m")]
+    kwargs = dict(label="t", figsize=(2, 2), dpi=50, image_format="png")
+    free = page_explorer(grid, _slope_draw, shared_limits=False, **kwargs)
+    fixed = page_explorer(grid, _slope_draw, **kwargs)
+    for mark in ("up", "flip"):
+        rows_free = [frozenset(_red_rows(free.images[free.index(slope=s, mark=mark)])) for s in (1.0, 2.0, 4.0)]
+        rows_fixed = [frozenset(_red_rows(fixed.images[fixed.index(slope=s, mark=mark)])) for s in (1.0, 2.0, 4.0)]
+        assert len(set(rows_free)) == 3, "the test's premise: without shared limits the red line moves"
+        assert len(set(rows_fixed)) == 1 and rows_fixed[0], f"{mark}: the red line moved with shared limits"
+    # the shared y range holds every state's data: [0, 4] plus matplotlib's margins, flipped or not
+    up = np.mean(sorted(_red_rows(fixed.images[fixed.index(slope=1.0, mark="up")])))
+    flip = np.mean(sorted(_red_rows(fixed.images[fixed.index(slope=1.0, mark="flip")])))
+    assert up > flip, "y = 0.5 is low on the upright axis and high on the reversed one"
+
+
+def test_shared_limits_leave_a_colorbar_and_other_axes_alone():
+    """A colourbar's axis follows its image (no shared span is computed for it); a combination whose
+    states draw different numbers of panels gets no shared limits at all."""
+    from attnopt.page_explorer import _shared_limits
+
+    def draw(fig, scale, panels):
+        n = int(panels) if scale < 3 else 1  # panels="2": 2, 2, then 1 panel as the slider moves
+        axes = np.atleast_1d(fig.subplots(1, n))
+        image = axes[0].imshow(scale * np.arange(6.0).reshape(2, 3))
+        fig.colorbar(image, ax=axes[0])
+        return Frame({"scale": scale}, f"an image scaled by {scale}, {n} panels")
+
+    grid = [Slider("scale", [1.0, 2.0, 3.0], label="s"), Choice("panels", ["1", "2"], label="p")]
+    spans = _shared_limits(grid, draw, (4, 2), {})
+    assert list(spans) == [(0,)], "only the combination whose states all draw one panel is shared"
+    (xlim, ylim), = spans[(0,)]  # one data axis: the image's, not the colourbar's
+    assert xlim == (-0.5, 2.5) and ylim == (1.5, -0.5)  # imshow's extent, its y axis reversed
