@@ -182,20 +182,21 @@ def test_gradients_match_the_current_paths(name, dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(ALL))
 def test_gradcheck_in_float64(name, device):
+    # -inf keys would make finite differences NaN: they stay -inf and the live keys are perturbed
+    # (the kernel's gradient there must be 0, which gradcheck sees as an unchanged output)
     kernel, _ = ALL[name]
-    x = torch.randn(3, 7, dtype=F64, device=device)
-    x[0, 2] = NEG_INF
-    xs = x.requires_grad_(True)
-    # -inf keys make finite differences NaN; perturb the live ones only (the gradient there is 0)
-    mask = torch.isfinite(x.detach())
-    live = x.detach().masked_fill(~mask, 0.0).requires_grad_(True)
+    mask = torch.ones(2, 5, dtype=torch.bool, device=device)
+    mask[0, 2] = False
+    live = torch.randn(2, 5, dtype=F64, device=device).requires_grad_(True)
 
     def f(v):
         return kernel(torch.where(mask, v, torch.full_like(v, NEG_INF)))
 
     assert torch.autograd.gradcheck(f, (live,), eps=1e-6, atol=1e-7)
-    assert torch.autograd.gradgradcheck(f, (live,), eps=1e-6, atol=1e-6, rtol=1e-4)  # the create_graph path
-    del xs
+    # second derivatives (the differentiable torch backward under create_graph) on the fast kernels;
+    # test_double_backward.py covers the kernels' Function for every transform family
+    if name in ("softmax tau=0.3", "sparsemax"):
+        assert torch.autograd.gradgradcheck(f, (live,), eps=1e-6, atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -259,6 +260,7 @@ def test_method_triton_says_why_it_cannot_run(monkeypatch):
         T.entmax(x, 1.5, method="sort")
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy on inf - inf
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_inputs_on_the_kernel_path(device):
     for bad in (float("nan"), float("inf")):
