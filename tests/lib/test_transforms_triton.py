@@ -303,3 +303,18 @@ def test_gpu_benchmark_runs_quick_on_the_cpu(tmp_path, capsys):
     assert {"torch.softmax", "entmax.sparsemax", "entmax.entmax15", "entmax.entmax_bisect", "torch sdpa (softmax)"} <= peers
     assert all(0 < r["bandwidth_fraction"] for r in rows if r["kind"] == "transform" and "error" not in r)
     assert "| attention |" in capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # the interpreter's numpy on (s - max) / tau = -inf
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_edge_cases_of_the_torch_paths(device):
+    # test_bad_inputs_transforms_attention's reproducers, through the kernels: shift invariance at
+    # 1e7 in float32 (the input rounds to three ties and a fourth key), and softmax's argmax limit
+    # at a tiny temperature on huge scores
+    x = torch.tensor([[1e7, 1e7 + 0.5, 1e7 - 0.25, 1e7 - 3]], device=device)
+    third = torch.tensor([[1 / 3, 1 / 3, 1 / 3, 0.0]])
+    for f in (T.sparsemax, T.entmax15, lambda s, method: T.entmax(s, 1.5, method=method),
+              lambda s, method: T.entmax(s, 2.0, method=method)):
+        torch.testing.assert_close(f(x, method="triton").cpu(), third)
+    s = torch.tensor([[3e30, 1e30, -2e30], [1.0, 5.0, 5.0]], device=device)
+    torch.testing.assert_close(T.softmax(s, tau=1e-10, method="triton").cpu(), torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.5, 0.5]]))
