@@ -95,7 +95,7 @@ def test_other_kernels_sum_to_one_and_match_the_current_path(name, spread, dtype
     above_2 = name in ("entmax alpha=3",)
     for n in lengths(device)[2:4] if device == "cpu" else lengths(device):  # 7 and 300 keys on the CPU
         x = spread_rows(spread, n, n_rows(device), dtype, seed=n)
-        p, ref = kernel(x.to(device)).cpu(), current(x.double())
+        p, ref = kernel(x.to(device)).cpu(), current(x.double().to(device)).cpu()
         total = p.double().sum(-1)
         assert (total - 1).abs().max().item() <= EXACT_TOL[dtype], (n, (total - 1).abs().max().item())
         tol = 1e-5 if dtype == F32 else (1e-7 if above_2 else 1e-10)
@@ -173,10 +173,10 @@ def test_gradients_match_the_current_paths(name, dtype, device):
         g = torch.randn_like(x)
         xs = x.to(device).requires_grad_(True)
         (grad,) = torch.autograd.grad(kernel(xs), xs, g.to(device))
-        xr = x.clone().requires_grad_(True)
-        (grad_ref,) = torch.autograd.grad(current(xr), xr, g)
+        xr = x.clone().to(device).requires_grad_(True)  # the current path on the same device
+        (grad_ref,) = torch.autograd.grad(current(xr), xr, g.to(device))
         tol = 1e-4 if dtype == F32 else 1e-10
-        torch.testing.assert_close(grad.cpu(), grad_ref, atol=tol, rtol=tol)
+        torch.testing.assert_close(grad.cpu(), grad_ref.cpu(), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
