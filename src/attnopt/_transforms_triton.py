@@ -22,7 +22,11 @@ Forward, with :math:`y = x - \max_j x_j` (so the top key is 0 and the result is 
   :func:`~attnopt._transforms_thresholds.threshold_bisect` (Newton from below with a bisection
   guard for :math:`\alpha\le2`, bisection on :math:`\log(-\lambda)` above), stopping early once the
   threshold stops moving, one more Newton step in float64 and the exact normalisation.
-* softmax at temperature :math:`\tau`: :math:`p=e^{y/\tau}/\sum_j e^{y_j/\tau}`.
+* softmax at temperature :math:`\tau`: :math:`p=e^{y/\tau}/\sum_j e^{y_j/\tau}`.  A kernel of
+  its own rather than ``torch.softmax`` plus fixes: the library's conventions (a dead row gives
+  zeros, not NaN; NaN or ``+inf`` input is refused) cost ``torch.softmax`` extra passes over memory
+  (a reduction for the check, one for the dead rows, a masked fill), while here they are fused into
+  the kernel's one read, and the backward is one pass too.
 
 The threshold and every sum are float64 (for any input dtype: a row is at most
 :data:`MAX_KEYS` keys, and on-chip float64 costs little next to the memory traffic); the scores are
@@ -42,7 +46,7 @@ tests use without a GPU) takes effect if it is set any time before the first cal
 References:
     Michelot (1986), *A finite algorithm for finding the projection of a point onto the canonical
     simplex of R^n*.  Martins and Astudillo (2016), *From Softmax to Sparsemax*.  Peters, Niculae and
-    Martins (2019), *Sparse Sequence-to-Sequence Models*.  Tillet, Kung and Cox (2019), *Triton*.
+    Martins (2019), *Sparse Sequence-to-Sequence Models*.
 """
 
 from __future__ import annotations

@@ -512,7 +512,8 @@ def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None
         method: ``"auto"`` (``"triton"`` on CUDA when Triton imports and a row has at most
             16,384 keys, else ``"bisect"``), ``"bisect"`` (the torch path) or ``"triton"`` (the
             same iteration in a fused kernel, each row in registers, stopping early once the
-            threshold stops moving; ``n_iter`` is then the most it takes).
+            threshold stops moving; ``n_iter`` is then the most it takes, by default the count
+            that resolves the threshold to float64 precision whatever the dtype).
 
     Returns:
         Weights shaped and typed like ``scores``.
