@@ -129,7 +129,7 @@ def transform_rows(shapes, device, peak, min_run_time, entmax, adasplash, method
                     if who == "attnopt":
                         ours[pass_name] = t
                     bandwidth = passes * numel * size / t
-                    rows.append({**row, "pass": pass_name, "ms": t * 1e3, "ratio": t / ours[pass_name],
+                    rows.append({**row, "pass": pass_name, "ms": t * 1e3, "ratio": t / ours.get(pass_name, math.nan),
                                  "bandwidth_fraction": bandwidth / peak, "max_abs_error": error})
     return rows
 
