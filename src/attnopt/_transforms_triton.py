@@ -279,11 +279,18 @@ def _kernels():
 
 
 def _launch_shape(n_cols: int) -> tuple[int, int, int]:
-    """(rows per program, the padded row length, warps): about 4,096 entries per program."""
+    """(rows per program, the padded row length, warps).
+
+    About 1,024 entries per program for short rows, and 8 entries per thread up to 8,192 keys (16
+    at 16,384): the solves keep a few float64 temporaries of the whole block in registers (two
+    registers per entry each).  Compiled for sm_90 (ptxas -v), 16 entries per thread spilled
+    1.5-entmax's at 128 keys (255 registers); 8 need 192 registers and no spill, and the largest
+    rows (32 warps, 64 registers a thread) spill only 1.5-entmax's at 16,384 keys, by 156 bytes.
+    """
     triton = _triton()
     block_n = triton.next_power_of_2(max(n_cols, 1))
-    block_r = max(1, min(64, 4096 // block_n))
-    warps = 4 if block_n * block_r <= 4096 else (8 if block_n <= 8192 else 16)
+    block_r = max(1, min(64, 1024 // block_n))
+    warps = max(1, min(32, block_n * block_r // (8 * 32)))
     return block_r, block_n, warps
 
 
