@@ -210,6 +210,10 @@ def _kernels():
                     mid = (lo + hi) * 0.5
                     step = lo + f_lo / tl.maximum(df_lo, 1e-300)
                     c = tl.where((step > lo) & (step < hi), step, mid)
+                    # the candidate rounded to the working dtype, so that f_lo below is f at lo
+                    # itself: the last float64 step starts from (lo, f_lo), and a float32 pass at a
+                    # rounded c left weights off by 7e-5 (huge offsets, 16,384 keys, alpha = 2)
+                    c = c.to(u.dtype).to(tl.float64)
                     r = tl.maximum(u - c.to(u.dtype)[:, None], 0.0)
                     ra = tl.where(r > 0, tl.exp((a_w - 1.0) * tl.log(tl.where(r > 0, r, 1.0))), 0.0)
                     f_c = tl.sum((ra * r).to(tl.float64), axis=1) - 1.0
