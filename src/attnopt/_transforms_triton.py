@@ -59,7 +59,7 @@ import torch
 from torch.autograd import Function
 
 from ._transforms_thresholds import entmax_vjp, support_weights
-from ._validation import require
+from ._validation import get_checks, require
 
 #: The longest row the kernels hold on chip; longer rows go to the torch paths.
 MAX_KEYS = 16384
@@ -119,8 +119,9 @@ def _kernels():
         else:
             x = x.to(tl.float32)
         # the input check, fused: NaN or +inf anywhere in the block clears its flag (no extra pass)
-        clean = tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), axis=1) == 0
-        tl.store(ok_ptr + pid, tl.min(clean.to(tl.int32), axis=0).to(tl.uint8))
+        # (one flag for the whole launch, set to 1 beforehand; only a block with bad input writes it)
+        n_bad = tl.sum(tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), axis=1), axis=0)
+        tl.store(ok_ptr, tl.full([], 0, tl.uint8), mask=n_bad > 0)
         top = tl.max(x, axis=1)
         live = top > float("-inf")  # an all -inf row (or a padding row of the block) is dead
         top = tl.where(live, top, 0.0)
@@ -293,14 +294,17 @@ def _kernels():
     return forward_kernel, backward_kernel
 
 
+@functools.lru_cache(maxsize=None)
 def _launch_shape(n_cols: int) -> tuple[int, int, int]:
     """(rows per program, the padded row length, warps).
 
-    About 1,024 entries per program for short rows, and 8 entries per thread up to 8,192 keys (16
-    at 16,384): the solves keep a few float64 temporaries of the whole block in registers (two
-    registers per entry each).  Compiled for sm_90 (ptxas -v), 16 entries per thread spilled
-    1.5-entmax's at 128 keys (255 registers); 8 need 192 registers and no spill, and the largest
-    rows (32 warps, 64 registers a thread) spill only 1.5-entmax's at 16,384 keys, by 156 bytes.
+    About 1,024 entries per program for short rows (8 rows of 128 keys, 2 of 512: several rows
+    per program, so that a program moves as much as a long row's), and 8 entries per thread up to
+    8,192 keys (16 at 16,384): the solves keep a few float64 temporaries of the whole block in
+    registers (two registers per entry each).  Compiled for sm_90 (ptxas -v), 16 entries per
+    thread spilled 1.5-entmax's at 128 keys (255 registers); 8 need 192 registers and no spill,
+    and the largest rows (32 warps, 64 registers a thread) spill only 1.5-entmax's at 16,384 keys,
+    by 156 bytes.  Cached: it runs on every call.
     """
     triton = _triton()
     block_n = triton.next_power_of_2(max(n_cols, 1))
@@ -309,49 +313,94 @@ def _launch_shape(n_cols: int) -> tuple[int, int, int]:
     return block_r, block_n, warps
 
 
-def forward(x: torch.Tensor, mode: int, *, scale: float = 1.0, alpha: float = 1.5, n_iter: int = 30):
-    """Launch the forward kernel on the rows of ``x`` (keys last, contiguous).
+# The check flags, one per device (and one that nobody reads, for checks "off"): a kernel clears
+# its flag when its input holds NaN or +inf, and nothing else writes it, so it needs no fill and
+# no reduction per call (one device-side assertion reads it; a failed check read on the host
+# sets it again).  After a failed device-side assertion the CUDA context is lost anyway.
+_FLAGS: dict = {}
 
-    Returns ``(p, ok)``: the weights in ``x``'s dtype and one flag per program, 0 where its block
-    held a NaN or ``+inf`` (the input check, fused into the kernel's one read).
+
+def _flag(device: torch.device, sink: bool = False) -> torch.Tensor:
+    flag = _FLAGS.get((device, sink))
+    if flag is None:
+        flag = _FLAGS[(device, sink)] = torch.ones((), dtype=torch.uint8, device=device)
+    return flag
+
+
+def forward(x: torch.Tensor, mode: int, *, scale: float = 1.0, alpha: float = 1.5, n_iter: int = 30,
+            flag: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the forward kernel on the rows of ``x`` (keys last, contiguous); the weights in ``x``'s dtype.
+
+    ``flag`` (a 0-dim uint8 tensor on ``x``'s device, 1 before the call) is set to 0 when ``x``
+    holds a NaN or ``+inf``: the input check, fused into the kernel's one read.  A scratch flag
+    when None.
     """
     fwd, _ = _kernels()
     n_cols = x.shape[-1]
-    rows = x.reshape(-1, n_cols)
-    p = torch.empty_like(rows)
+    n_rows = x.numel() // n_cols
+    p = torch.empty_like(x)  # x is contiguous: the kernel indexes both as (rows, n_cols)
     block_r, block_n, warps = _launch_shape(n_cols)
-    grid = (triton_cdiv(rows.shape[0], block_r),)
-    ok = torch.empty(grid[0], dtype=torch.uint8, device=x.device)
+    if flag is None:
+        flag = torch.ones((), dtype=torch.uint8, device=x.device)
     # Michelot needs at most n passes, Newton plus roots on the support a few; a cap, never reached
     max_iter = n_cols + 2 if mode == SPARSEMAX else 100
-    fwd[grid](rows, p, ok, rows.shape[0], n_cols, *split_scalar(scale), *split_scalar(alpha), int(n_iter), int(max_iter),
-              BLOCK_R=block_r, BLOCK_N=block_n, MODE=mode, F64=x.dtype == torch.float64, num_warps=warps)
+    fwd[(triton_cdiv(n_rows, block_r),)](x, p, flag, n_rows, n_cols, *split_scalar(scale), *split_scalar(alpha),
+                                         n_iter, max_iter, BLOCK_R=block_r, BLOCK_N=block_n, MODE=mode,
+                                         F64=x.dtype == torch.float64, num_warps=warps)
     LAUNCHES["forward"] += 1
-    return p.reshape(x.shape), ok
+    return p
+
+
+def checked_forward(x: torch.Tensor, mode: int, scale: float, alpha: float, n_iter: int, name: str) -> torch.Tensor:
+    """:func:`forward` and its input check, per :func:`attnopt._validation.require` (no host read off the CPU)."""
+    if get_checks() == "off":
+        return forward(x, mode, scale=scale, alpha=alpha, n_iter=n_iter, flag=_flag(x.device, sink=True))
+    flag = _flag(x.device)
+    p = forward(x, mode, scale=scale, alpha=alpha, n_iter=n_iter, flag=flag)
+    try:
+        require(flag, f"{name} contains NaN or +inf")
+    except ValueError:
+        flag.fill_(1)  # read on the host: set it again for the next call
+        raise
+    return p
 
 
 def backward(p: torch.Tensor, g: torch.Tensor, mode: int, *, scale: float = 1.0, alpha: float = 1.5) -> torch.Tensor:
-    """Launch the backward kernel: the vector-Jacobian product at the output ``p`` for the gradient ``g``."""
+    """Launch the backward kernel: the vector-Jacobian product at the output ``p`` (contiguous) for the gradient ``g``."""
     _, bwd = _kernels()
     n_cols = p.shape[-1]
-    rows, grads = p.reshape(-1, n_cols), g.contiguous().reshape(-1, n_cols)
+    n_rows = p.numel() // n_cols
+    grads = g.contiguous()
     out = torch.empty_like(grads)
     block_r, block_n, warps = _launch_shape(n_cols)
-    grid = (triton_cdiv(rows.shape[0], block_r),)
-    bwd[grid](rows, grads, out, rows.shape[0], n_cols, *split_scalar(scale), *split_scalar(alpha),
-              BLOCK_R=block_r, BLOCK_N=block_n, MODE=mode, F64=p.dtype == torch.float64, num_warps=warps)
+    bwd[(triton_cdiv(n_rows, block_r),)](p, grads, out, n_rows, n_cols, *split_scalar(scale), *split_scalar(alpha),
+                                         BLOCK_R=block_r, BLOCK_N=block_n, MODE=mode, F64=p.dtype == torch.float64,
+                                         num_warps=warps)
     LAUNCHES["backward"] += 1
-    return out.reshape(p.shape)
+    return out
 
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@functools.lru_cache(maxsize=256)
 def split_scalar(v: float) -> tuple[float, float]:
     """``v`` as float32 ``hi + lo`` (Triton passes Python floats as float32; the kernels add them in float64)."""
     hi = struct.unpack("f", struct.pack("f", v))[0]
     return hi, struct.unpack("f", struct.pack("f", v - hi))[0]
+
+
+def run_rows(x: torch.Tensor, mode: int, *, scale: float = 1.0, alpha: float = 1.5, n_iter: int = 30,
+         name: str = "scores") -> torch.Tensor:
+    """The transform of the rows of ``x`` (keys last, contiguous) by the kernels, with autograd only when needed.
+
+    Without a gradient to track (inference, ``torch.no_grad``) the kernel is launched directly:
+    an autograd ``Function`` costs microseconds per call, which at small shapes is the call.
+    """
+    if x.requires_grad and torch.is_grad_enabled():
+        return TritonRowFunction.apply(x, mode, scale, alpha, n_iter, name)
+    return checked_forward(x, mode, scale, alpha, n_iter, name)
 
 
 class TritonRowFunction(Function):
@@ -366,8 +415,7 @@ class TritonRowFunction(Function):
 
     @staticmethod
     def forward(ctx, x, mode, scale, alpha, n_iter, name):
-        p, ok = forward(x, mode, scale=scale, alpha=alpha, n_iter=n_iter)
-        require(ok.all(), f"{name} contains NaN or +inf")
+        p = checked_forward(x, mode, scale, alpha, n_iter, name)
         ctx.mode, ctx.scale, ctx.alpha = mode, scale, alpha
         ctx.save_for_backward(p)
         return p

@@ -143,7 +143,7 @@ def _triton_rows(x: torch.Tensor, dim: int, mode: int, *, scale: float = 1.0, al
         return _empty_result(x)
     last = x.ndim - 1
     z = x if dim == last else x.movedim(dim, -1)
-    p = K.TritonRowFunction.apply(z.contiguous(), mode, scale, alpha, n_iter, name)
+    p = K.run_rows(z.contiguous(), mode, scale=scale, alpha=alpha, n_iter=n_iter, name=name)
     return p if dim == last else p.movedim(-1, dim)
 
 

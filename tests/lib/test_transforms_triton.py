@@ -234,13 +234,17 @@ def test_the_kernels_are_the_path_taken(device):
     x = torch.randn(3, 20, dtype=F32, device=device, requires_grad=True)
     for name, (kernel, _) in ALL.items():
         before = dict(K.LAUNCHES)
+        with torch.no_grad():  # inference: the kernel launched without an autograd Function
+            kernel(x)
+        assert K.LAUNCHES["forward"] == before["forward"] + 1, name
+        before = dict(K.LAUNCHES)
         p = kernel(x)
         assert K.LAUNCHES["forward"] == before["forward"] + 1, name
         p.backward(torch.ones_like(p))
         assert K.LAUNCHES["backward"] == before["backward"] + 1, name
     # the kernels' output is not the torch path's by accident: break the kernel, and the result breaks
     real = K.forward
-    K.forward = lambda x, mode, **kw: (torch.zeros_like(x), torch.ones(1, dtype=torch.uint8, device=x.device))
+    K.forward = lambda x, mode, **kw: torch.zeros_like(x)
     try:
         assert not T.sparsemax(x.detach(), method="triton").any()
     finally:
@@ -287,6 +291,17 @@ def test_bad_inputs_on_the_kernel_path(device):
         for kernel, _ in ALL.values():
             with pytest.raises(ValueError, match="NaN or \\+inf"):
                 kernel(x)
+    # the check's flag outlives the call: a failed check must not fail the next, clean call, and
+    # checks "off" must not leave it cleared for when they are back on
+    clean = torch.randn(4, 5, device=device)
+    torch.testing.assert_close(T.sparsemax(clean, method="triton"), T.sparsemax(clean, method="sort"))
+    from attnopt._validation import checks
+
+    with checks("off"):
+        T.entmax15(x, method="triton")  # no error, and no trace
+    torch.testing.assert_close(T.entmax15(clean, method="triton"), T.entmax15(clean, method="sort"))
+    with pytest.raises(ValueError, match="NaN or \\+inf"):  # and still checked afterwards
+        T.entmax15(x, method="triton")
     with pytest.raises(ValueError, match="at most"):
         T.sparsemax(torch.zeros(1, K.MAX_KEYS + 1, device=device), method="triton")
     empty = torch.zeros(0, 4, device=device, requires_grad=True)
