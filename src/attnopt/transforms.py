@@ -53,6 +53,7 @@ import torch
 
 from ._numerics import ConvergenceWarning, log_or_neg_inf
 from ._optional import require as optional_require
+from . import _transforms_triton as K  # torch only: Triton itself is imported at first use
 from ._transforms_one_sided import OneSidedEOTFunction, regularizer_gradient
 from ._transforms_sinkhorn import (
     SinkhornImplicitFunction,
@@ -115,8 +116,6 @@ def _use_triton(x: torch.Tensor, dim: int, method: str, name: str = "scores") ->
     """
     if method not in ("auto", "triton"):
         return False
-    from . import _transforms_triton as K  # torch only: Triton itself is imported at first use
-
     n = x.shape[dim] if x.ndim else 1
     if method == "auto":
         return x.device.type == "cuda" and 0 < n <= K.MAX_KEYS and x.numel() > 0 and K.available()
@@ -137,8 +136,6 @@ def _use_triton(x: torch.Tensor, dim: int, method: str, name: str = "scores") ->
 def _triton_rows(x: torch.Tensor, dim: int, mode: int, *, scale: float = 1.0, alpha: float = 1.5,
                  n_iter: int = 30, name: str = "scores") -> torch.Tensor:
     """The rows of ``x`` along ``dim`` through the fused kernels, in ``x``'s dtype (checked there)."""
-    from . import _transforms_triton as K
-
     if x.numel() == 0:
         return _empty_result(x)
     last = x.ndim - 1
