@@ -298,18 +298,20 @@ def _kernels():
 def _launch_shape(n_cols: int) -> tuple[int, int, int]:
     """(rows per program, the padded row length, warps).
 
-    About 1,024 entries per program for short rows (8 rows of 128 keys, 2 of 512: several rows
-    per program, so that a program moves as much as a long row's), and 8 entries per thread up to
-    8,192 keys (16 at 16,384): the solves keep a few float64 temporaries of the whole block in
-    registers (two registers per entry each).  Compiled for sm_90 (ptxas -v), 16 entries per
-    thread spilled 1.5-entmax's at 128 keys (255 registers); 8 need 192 registers and no spill,
-    and the largest rows (32 warps, 64 registers a thread) spill only 1.5-entmax's at 16,384 keys,
-    by 156 bytes.  Cached: it runs on every call.
+    About 1,024 entries per program for short rows (8 rows of 128 keys, 2 of 512: several rows per
+    program, never one short row each), and 4 entries per thread up to 4,096 keys (8 at 8,192, 16
+    at 16,384, at the 32-warp limit).  The solves keep a few float64 temporaries of the whole
+    block in registers, and registers bound how many warps an SM keeps in flight to hide memory
+    latency.  Compiled for sm_90 (ptxas -v, float32, 128 keys), 8 entries per thread need 148
+    (sparsemax), 196 (1.5-entmax) and 152 (alpha-entmax) registers: two or three 4-warp programs,
+    8 to 12 warps per SM; 4 entries per thread need 86, 116 and 100: two 8-warp programs, 16
+    warps per SM, no spill either way (16 entries per thread spilled).  The largest rows (32
+    warps) spill only 1.5-entmax's at 16,384 keys, by 156 bytes.  Cached: it runs on every call.
     """
     triton = _triton()
     block_n = triton.next_power_of_2(max(n_cols, 1))
     block_r = max(1, min(64, 1024 // block_n))
-    warps = max(1, min(32, block_n * block_r // (8 * 32)))
+    warps = max(1, min(32, block_n * block_r // (4 * 32)))
     return block_r, block_n, warps
 
 
