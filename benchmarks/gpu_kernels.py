@@ -9,7 +9,8 @@ Rows, all timed in one run as medians of torch.utils.benchmark (``blocked_autora
 
 * transforms at (64, 12, 128, 128), (1024, 512) and (8, 16384), float32: attnopt's ``softmax``,
   ``sparsemax``, ``entmax15`` and ``entmax(alpha=1.25)`` (``method="auto"``: the Triton kernels on
-  CUDA) against ``torch.softmax``, entmax's ``sparsemax``, ``entmax15`` and ``entmax_bisect``,
+  CUDA; softmax also with ``method="torch"``, ``torch.softmax`` plus the library's input check
+  and dead-row fix) against ``torch.softmax``, entmax's ``sparsemax``, ``entmax15`` and ``entmax_bisect``,
   and AdaSplash's ``triton_entmax`` when ``adasplash`` imports (its rows are skipped otherwise);
 * attention with 32 heads, d = 64, batch 1, n in 1k, 4k, 16k, 32k, bfloat16:
   ``attnopt.attention.flash_attention(q, k, v, alpha=1.5)`` when it exists, AdaSplash's
@@ -56,7 +57,9 @@ def transforms(entmax, adasplash, method):
     """name -> [(contender, function of the scores)], attnopt's first (``method``: "auto" or "triton")."""
     table = {
         "softmax": [("attnopt", lambda x: T.softmax(x, method=method)),
-                    ("torch.softmax", lambda x: torch.softmax(x, dim=-1))],
+                    ("torch.softmax", lambda x: torch.softmax(x, dim=-1)),
+                    # the alternative to the kernel: torch.softmax plus the checks and the dead-row fix
+                    ("attnopt method=torch", lambda x: T.softmax(x, method="torch"))],
         "sparsemax": [("attnopt", lambda x: T.sparsemax(x, method=method))],
         "entmax15": [("attnopt", lambda x: T.entmax15(x, method=method))],
         "entmax alpha=1.25": [("attnopt", lambda x: T.entmax(x, 1.25, method=method))],

@@ -333,7 +333,8 @@ def test_gpu_benchmark_runs_quick_on_the_cpu(tmp_path, capsys):
     assert {r["transform"] for r in ours} == {"softmax", "sparsemax", "entmax15", "entmax alpha=1.25"}
     assert all("error" not in r and r["ratio"] == 1.0 and r["max_abs_error"] < 1e-6 for r in ours)
     peers = {r["who"] for r in rows if "error" not in r}
-    assert {"torch.softmax", "entmax.sparsemax", "entmax.entmax15", "entmax.entmax_bisect", "torch sdpa (softmax)"} <= peers
+    assert {"torch.softmax", "attnopt method=torch", "entmax.sparsemax", "entmax.entmax15", "entmax.entmax_bisect",
+            "torch sdpa (softmax)"} <= peers
     assert all(0 < r["bandwidth_fraction"] for r in rows if r["kind"] == "transform" and "error" not in r)
     assert "| attention |" in capsys.readouterr().out
 
