@@ -306,7 +306,8 @@ def _launch_shape(n_cols: int) -> tuple[int, int, int]:
     (sparsemax), 196 (1.5-entmax) and 152 (alpha-entmax) registers: two or three 4-warp programs,
     8 to 12 warps per SM; 4 entries per thread need 86, 116 and 100: two 8-warp programs, 16
     warps per SM, no spill either way (16 entries per thread spilled).  The largest rows (32
-    warps) spill only 1.5-entmax's at 16,384 keys, by 156 bytes.  Cached: it runs on every call.
+    warps, 16 entries per thread, 64 registers) spill 144 bytes of 1.5-entmax's and alpha-entmax's
+    at 16,384 keys (none at 4,096).  Cached: it runs on every call.
     """
     triton = _triton()
     block_n = triton.next_power_of_2(max(n_cols, 1))
