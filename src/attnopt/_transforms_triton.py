@@ -326,7 +326,8 @@ _FLAGS: dict = {}
 def _flag(device: torch.device, sink: bool = False) -> torch.Tensor:
     flag = _FLAGS.get((device, sink))
     if flag is None:
-        flag = _FLAGS[(device, sink)] = torch.ones((), dtype=torch.uint8, device=device)
+        with torch.inference_mode(False):  # a flag first made under inference_mode could not be set again outside it
+            flag = _FLAGS[(device, sink)] = torch.ones((), dtype=torch.uint8, device=device)
     return flag
 
 

@@ -304,6 +304,20 @@ def test_bad_inputs_on_the_kernel_path(device):
         T.entmax15(x, method="triton")
     with pytest.raises(ValueError, match="at most"):
         T.sparsemax(torch.zeros(1, K.MAX_KEYS + 1, device=device), method="triton")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_check_flag_made_under_inference_mode_is_set_again_outside_it(device, monkeypatch):
+    monkeypatch.setattr(K, "_FLAGS", {})  # made afresh below
+    bad = torch.randn(3, 5, device=device)
+    bad[1, 1] = float("nan")
+    with torch.inference_mode():
+        T.sparsemax(torch.randn(3, 5, device=device), method="triton")  # the flag is made here
+    if device == "cpu":  # read on the host: a failed check sets the flag again (in place)
+        with pytest.raises(ValueError, match="NaN or \\+inf"):
+            T.sparsemax(bad, method="triton")
+        assert T.sparsemax(torch.randn(3, 5), method="triton").sum().item() == pytest.approx(3.0)
     empty = torch.zeros(0, 4, device=device, requires_grad=True)
     assert T.entmax15(empty, method="triton").shape == (0, 4)
     assert T.softmax(torch.zeros(3, 0, device=device), method="triton").shape == (3, 0)
