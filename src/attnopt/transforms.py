@@ -52,6 +52,8 @@ from typing import Callable
 import torch
 
 from ._numerics import ConvergenceWarning, log_or_neg_inf
+from ._optional import require as optional_require
+from . import _transforms_triton as K  # torch only: Triton itself is imported at first use
 from ._transforms_one_sided import OneSidedEOTFunction, regularizer_gradient
 from ._transforms_sinkhorn import (
     SinkhornImplicitFunction,
@@ -98,15 +100,57 @@ __all__ = [
     "sparsemax",
 ]
 
-_METHODS = ("auto", "newton", "sort")
+_METHODS = ("auto", "newton", "sort", "triton")
+
+
+# -------- the fused Triton kernels (attnopt._transforms_triton): when to take them ------------
+
+
+def _use_triton(x: torch.Tensor, dim: int, method: str, name: str = "scores") -> bool:
+    """Whether ``method`` sends ``x`` to the fused Triton row kernels.
+
+    ``"triton"`` always does, and says why it cannot (Triton missing, a CPU tensor without
+    ``TRITON_INTERPRET=1``, rows longer than the kernels hold); ``"auto"`` does on CUDA when Triton
+    imports and a row fits on chip, and never elsewhere (without Triton, or on the CPU, every
+    function runs as before).
+    """
+    if method not in ("auto", "triton"):
+        return False
+    n = x.shape[dim] if x.ndim else 1
+    if method == "auto":
+        return x.device.type == "cuda" and 0 < n <= K.MAX_KEYS and x.numel() > 0 and K.available()
+    if not K.available():
+        optional_require("triton", "method='triton'")  # raises ImportError naming the extra
+    if not K.usable_on(x):
+        raise ValueError(
+            f"method='triton' runs on CUDA tensors, or on CPU ones under Triton's interpreter "
+            f"(TRITON_INTERPRET=1 set before the first call); {name} is on {x.device.type}"
+            + ("" if x.device.type != "cpu" else " and TRITON_INTERPRET is not set")
+        )
+    if n > K.MAX_KEYS:
+        raise ValueError(f"method='triton' holds rows of at most {K.MAX_KEYS} keys on chip; {name} has "
+                         f"{n} along dim={dim}: use method='auto', which sends longer rows to the torch path")
+    return True
+
+
+def _triton_rows(x: torch.Tensor, dim: int, mode: int, *, scale: float = 1.0, alpha: float = 1.5,
+                 n_iter: int = 30, name: str = "scores") -> torch.Tensor:
+    """The rows of ``x`` along ``dim`` through the fused kernels, in ``x``'s dtype (checked there)."""
+    if x.numel() == 0:
+        return _empty_result(x)
+    last = x.ndim - 1
+    z = x if dim == last else x.movedim(dim, -1)
+    p = K.run_rows(z.contiguous(), mode, scale=scale, alpha=alpha, n_iter=n_iter, name=name)
+    return p if dim == last else p.movedim(-1, dim)
 
 
 # -------- shared plumbing: the normalized dimension last, in a working dtype -----------------
 
 
-def _prepare(scores, dim: int, name: str = "scores") -> tuple[torch.Tensor, int]:
+def _prepare(scores, dim: int, name: str = "scores", *, check: bool = True) -> tuple[torch.Tensor, int]:
     x = as_float_tensor(scores, name, min_ndim=1)
-    check_finite(x, name, allow_neg_inf=True)
+    if check:  # the Triton kernels check in their own read instead
+        check_finite(x, name, allow_neg_inf=True)
     return x, check_dim(dim, x.ndim)
 
 
@@ -138,7 +182,7 @@ def _from_last(p: torch.Tensor, dim: int, like: torch.Tensor) -> torch.Tensor:
 # -------- softmax and prior softmax: the entropic regularizers -------------------------------
 
 
-def softmax(scores: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tensor:
+def softmax(scores: torch.Tensor, tau: float = 1.0, dim: int = -1, *, method: str = "auto") -> torch.Tensor:
     r"""Softmax at temperature :math:`\tau`, the entropic one-sided transport plan of Litman (2025).
 
     .. math::
@@ -153,13 +197,21 @@ def softmax(scores: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tens
         scores: any shape; ``-inf`` marks a forbidden key.
         tau: temperature :math:`\tau > 0` (the entropic regularization strength).
         dim: dimension that is normalized.
+        method: ``"auto"`` (the fused Triton kernel on CUDA when Triton imports and a row has at
+            most ``attnopt._transforms_triton.MAX_KEYS`` keys, else ``"torch"``), ``"torch"``
+            (``torch.softmax`` and a fix of the all-``-inf`` rows) or ``"triton"`` (the kernel:
+            one read and one write per pass, the input check and the dead rows fused into it; the
+            speed of ``torch.softmax``, which alone would give NaN on a dead row and needs extra
+            passes to fix and check it).
 
     Returns:
         Weights of the shape and dtype of ``scores``; an all-``-inf`` row gives an all-zero row.
 
     Raises:
         TypeError: ``scores`` not a floating tensor, ``dim`` not an int.
-        ValueError: ``tau <= 0``, ``dim`` out of range, NaN or ``+inf`` scores.
+        ValueError: ``tau <= 0``, ``dim`` out of range, NaN or ``+inf`` scores, unknown ``method``,
+            ``method="triton"`` on a CPU tensor without ``TRITON_INTERPRET=1`` or on too long rows.
+        ImportError: ``method="triton"`` without Triton installed.
 
     Examples:
         >>> softmax(torch.tensor([1.0, 2.0, float("-inf")]), tau=0.5)
@@ -169,8 +221,13 @@ def softmax(scores: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tens
         Litman (2025), *Scaled-Dot-Product Attention as One-Sided Entropic Optimal Transport*, the
         forward-pass theorem.  MTandHJ (2025), blog note on it, eqs. (1), (4)–(5), (12).
     """
-    x, d = _prepare(scores, dim)
+    x = as_float_tensor(scores, "scores", min_ndim=1)
+    d = check_dim(dim, x.ndim)
     tau = check_positive(tau, "tau")
+    check_choice(method, "method", ("auto", "torch", "triton"))
+    if _use_triton(x, d, method):
+        return _triton_rows(x, d, 0, scale=1.0 / tau)  # mode 0: softmax
+    check_finite(x, "scores", allow_neg_inf=True)
     if x.numel() == 0:
         return _empty_result(x)
     z = _to_last(x, d)
@@ -316,8 +373,11 @@ def alibi_log_prior(n_queries: int, n_keys: int, slope, *, causal: bool = True, 
 
 
 def _sparse_entmax(scores, dim: int, method: str, power: int) -> torch.Tensor:
-    x, d = _prepare(scores, dim)
+    x, d = _prepare(scores, dim, check=False)
     check_choice(method, "method", _METHODS)
+    if _use_triton(x, d, method):
+        return _triton_rows(x, d, power)  # mode 1: sparsemax, 2: 1.5-entmax
+    check_finite(x, "scores", allow_neg_inf=True)
     if method == "auto":
         # On CPU a full sort costs far more than a handful of Newton passes (which read the host to
         # retire settled rows, free there); on GPUs sorting is cheap and never synchronises.
@@ -339,7 +399,10 @@ def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> t
     :math:`\lambda` here).  Exact: the threshold is found by sorting (``method="sort"``) or by
     Michelot/Newton passes with two certificates, the support and the residual
     :math:`\sum_jp_j-1`, and a sorting fallback (``method="newton"``, several times faster on
-    CPU); ``"auto"`` picks Newton on CPU, sort elsewhere.  Both end with one solve on the support
+    CPU), or by a fused Triton kernel that runs Michelot's passes on each row in registers (one
+    read, one write; ``method="triton"``, see :mod:`attnopt._transforms_triton`); ``"auto"`` picks
+    Triton on CUDA (when it imports and a row has at most 16,384 keys), Newton on CPU, sort
+    elsewhere.  Both end with one solve on the support
     from sums accumulated in float64 and apply the threshold in two parts, so that rows sum to 1
     within a few units of the dtype's last place at any length (:math:`10^6` keys tested) and
     offset.  Backward is closed form: :math:`\partial p/\partial s = \mathrm{diag}(m) - m m^\top/|S|`
@@ -348,14 +411,16 @@ def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> t
     Args:
         scores: any shape; ``-inf`` entries get weight 0; an all-``-inf`` row gives zeros.
         dim: dimension that is normalized.
-        method: ``"auto"``, ``"sort"`` or ``"newton"``.
+        method: ``"auto"``, ``"sort"``, ``"newton"`` or ``"triton"``.
 
     Returns:
         Sparse weights shaped and typed like ``scores``.
 
     Raises:
         TypeError: ``scores`` not floating, ``dim`` not an int, ``method`` not a string.
-        ValueError: ``dim`` out of range, NaN/``+inf`` scores, unknown ``method``.
+        ValueError: ``dim`` out of range, NaN/``+inf`` scores, unknown ``method``,
+            ``method="triton"`` on a CPU tensor without ``TRITON_INTERPRET=1`` or on too long rows.
+        ImportError: ``method="triton"`` without Triton installed.
 
     Examples:
         >>> sparsemax(torch.tensor([2.0, 1.5, 0.0]))
@@ -378,7 +443,9 @@ def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> to
         + \tfrac{4}{3}\big(\textstyle\sum_j p_j^{3/2} - 1\big),
 
     the :math:`\alpha`-entmax case of Litman's (2025) "changing :math:`\Omega(p)`" (see :func:`entmax`
-    for general :math:`\alpha`).  Exact (sort or Newton with certificate, as in :func:`sparsemax`);
+    for general :math:`\alpha`).  Exact (sort, Newton with certificate, or the fused Triton kernel,
+    as in :func:`sparsemax`; the kernel takes Newton steps from below and the closed-form root on
+    the support after each, certified by the support or the residual);
     backward :math:`\partial p/\partial s = \mathrm{diag}(\sqrt p) - \sqrt p\sqrt p^\top/\sum_j\sqrt{p_j}`.
 
     Args:
@@ -401,7 +468,8 @@ def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> to
     return _sparse_entmax(scores, dim, method, power=2)
 
 
-def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None = None, tol: float | None = None) -> torch.Tensor:
+def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None = None, tol: float | None = None, *,
+           method: str = "auto") -> torch.Tensor:
     r""":math:`\alpha`-entmax of Peters, Niculae and Martins (2019) for any :math:`\alpha\ge 1`.
 
     .. math::
@@ -438,13 +506,21 @@ def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None
             :math:`\lceil\log_2(W/\mathrm{tol})\rceil` steps.
         tol: target accuracy on the threshold (relative for :math:`\alpha>2`), used only when
             ``n_iter`` is None; None (the default) means the working precision.
+        method: ``"auto"`` (``"triton"`` on CUDA when Triton imports and a row has at most
+            16,384 keys, else ``"bisect"``), ``"bisect"`` (the torch path) or ``"triton"`` (the
+            same iteration in a fused kernel, each row in registers, stopping early once the
+            threshold stops moving; ``n_iter`` is then the most it takes, by default the count
+            that resolves the threshold to float64 precision whatever the dtype).
 
     Returns:
         Weights shaped and typed like ``scores``.
 
     Raises:
         TypeError: ``scores`` not floating, ``alpha`` or ``tol`` not a real number, ``n_iter`` not an int.
-        ValueError: ``alpha < 1``, ``tol <= 0``, ``n_iter < 1``, ``dim`` out of range.
+        ValueError: ``alpha < 1``, ``tol <= 0``, ``n_iter < 1``, ``dim`` out of range, unknown
+            ``method``, ``method="triton"`` on a CPU tensor without ``TRITON_INTERPRET=1`` or on
+            too long rows.
+        ImportError: ``method="triton"`` without Triton installed.
 
     Examples:
         :math:`\alpha=1.5` is :func:`entmax15`, computed by bisection instead of sorting:
@@ -458,13 +534,24 @@ def entmax(scores: torch.Tensor, alpha: float, dim: int = -1, n_iter: int | None
         and its bisection).  Tsallis (1988), *Possible Generalization of Boltzmann-Gibbs
         Statistics*.  Litman (2025), the closing discussion of regularizers.
     """
-    x, d = _prepare(scores, dim)
+    x, d = _prepare(scores, dim, check=False)
     alpha = check_number(alpha, "alpha", low=1.0, hint=" (alpha=1 is softmax)")
     if tol is not None:
         tol = check_positive(tol, "tol")
+    check_choice(method, "method", ("auto", "bisect", "triton"))
+    triton = _use_triton(x, d, method)
     if n_iter is None:
-        n_iter = bisect_iterations(alpha, x.shape[d] if x.ndim else 1, _work_dtype(x), tol)
+        # The kernel's passes are in registers and stop once the threshold stops moving: it can
+        # afford to resolve the threshold to float64 precision whatever the dtype (near the
+        # support's edge, for alpha > 2, float32's resolution left weights off by 0.5 at alpha = 5)
+        work = torch.float64 if triton else _work_dtype(x)
+        n_iter = bisect_iterations(alpha, x.shape[d] if x.ndim else 1, work, tol)
     n_iter = check_int(n_iter, "n_iter")
+    if triton:
+        if alpha - 1.0 <= 1e-6:
+            return _triton_rows(x, d, 0)  # softmax
+        return _triton_rows(x, d, 3 if alpha <= 2.0 else 4, alpha=alpha, n_iter=n_iter)
+    check_finite(x, "scores", allow_neg_inf=True)
     if x.numel() == 0:
         return _empty_result(x)
     y = _to_last(x, d)

@@ -1,11 +1,18 @@
 """Every library test starts from the same random state, so a test's outcome never depends on
 which tests ran before it (tests that need several draws use their own seeded generators)."""
 
+import os
 import random
 
 import numpy as np
 import pytest
 import torch
+
+# The fused Triton kernels (attnopt._transforms_triton) run on the CPU through Triton's interpreter
+# when no GPU is present.  The switch must be on before the kernels are built (at their first use),
+# so it is set here, at collection, before any test runs; with CUDA the kernels compile for the GPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -58,6 +58,15 @@ def _spd(seed):
     return A @ A.transpose(-1, -2) * 0.2 + 0.02 * torch.eye(2, dtype=F64)
 
 
+def _triton_kernels():
+    """entmax15 through the Triton kernels, or a skip where they cannot run (no Triton, no interpreter)."""
+    from attnopt import _transforms_triton as K
+
+    if not (K.available() and K.usable_on(torch.zeros(1))):
+        pytest.skip("the Triton kernels need Triton and, on the CPU, TRITON_INTERPRET=1")
+    return T.entmax15
+
+
 class Case(NamedTuple):
     fn: Callable
     inputs: Callable[[], tuple]  # float64 leaves, made fresh for each use
@@ -81,6 +90,10 @@ CASES: dict[str, Case] = {
         lambda s: T.entmax15(s), lambda: (_rand(2, 6, seed=5),), CORRECT),
     "attnopt._transforms_thresholds.EntmaxBisectFunction": Case(
         lambda s: T.entmax(s, 1.7), lambda: (_rand(2, 6, seed=6),), CORRECT),
+    # the fused Triton kernels (on the CPU through the interpreter; tests/lib/conftest.py): the
+    # backward under create_graph=True is the differentiable torch one
+    "attnopt._transforms_triton.TritonRowFunction": Case(
+        lambda s: _triton_kernels()(s, method="triton"), lambda: (_rand(2, 6, seed=12),), CORRECT),
     # chapter 4: continuous softmax and sparsemax, closed-form moments with hand-written backwards
     "attnopt._continuous_softmax.ContinuousSoftmaxFn": Case(
         lambda m, S: C.continuous_softmax(m, S, _basis()), lambda: (0.5 + 0.1 * _rand(2, 2, seed=7), _spd(8)), REFUSED),
@@ -98,7 +111,13 @@ REFUSALS = {"attnopt._numerics._SecondDerivativeRefused"}
 # alpha-entmax's NaN second derivatives of issue #21 are fixed); an entry here is an xfail.
 KNOWN_WRONG: set[str] = set()
 # The sparsemax path of SparseEntmaxFunction (power 1) as well as entmax15's (power 2).
-EXTRA = {"sparsemax": Case(lambda s: T.sparsemax(s), lambda: (_rand(2, 6, seed=11),), CORRECT)}
+EXTRA = {"sparsemax": Case(lambda s: T.sparsemax(s), lambda: (_rand(2, 6, seed=11),), CORRECT),
+         # the Triton kernels' other modes: sparsemax, softmax at a temperature (alpha-entmax: its
+         # gradgradcheck through the interpreter takes minutes; the backward is the same code)
+         "triton sparsemax": Case(lambda s: (_triton_kernels(), T.sparsemax(s, method="triton"))[1],
+                                  lambda: (_rand(2, 6, seed=13),), CORRECT),
+         "triton softmax tau=0.5": Case(lambda s: (_triton_kernels(), T.softmax(s, 0.5, method="triton"))[1],
+                                        lambda: (_rand(2, 6, seed=15),), CORRECT)}
 
 
 def test_every_function_has_a_case():

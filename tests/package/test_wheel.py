@@ -90,7 +90,7 @@ def test_wheel_metadata(dist):
     requires = [Requirement(r) for r in meta.get_all("Requires-Dist")]
     core = sorted(str(r) for r in requires if r.marker is None)
     assert core == sorted(PYPROJECT["dependencies"]), "the core dependencies are torch, NumPy and Matplotlib"
-    assert set(meta.get_all("Provides-Extra")) == {"notebook", "pretrained", "test"}
+    assert set(meta.get_all("Provides-Extra")) == {"notebook", "pretrained", "test", "triton"}
     for extra, wanted in PYPROJECT["optional-dependencies"].items():
         got = sorted(str(Requirement(str(r)).name) for r in requires if r.marker and r.marker.evaluate({"extra": extra}))
         assert got == sorted(Requirement(w).name for w in wanted), extra
@@ -287,13 +287,17 @@ def test_the_doctests_pass_on_the_installed_core(core_python, tmp_path):
 EXTRA_ERRORS = textwrap.dedent(
     """
     import json
-    from attnopt import book, pretrained, widgets
+    import torch
+    from attnopt import book, pretrained, transforms, widgets
 
     calls = {
         "notebook": [lambda: book.markdown_table([{"a": 1}]), lambda: widgets.progress(range(2)),
                      lambda: widgets.Explorer({}, lambda: None, lambda result, fig: None)],
         "pretrained": [pretrained.load_minilm],
+        # the fused kernels; without Triton method="auto" (the default) runs as before
+        "triton": [lambda: transforms.sparsemax(torch.zeros(2), method="triton")],
     }
+    assert transforms.sparsemax(torch.zeros(2)).tolist() == [0.5, 0.5]
     messages = {}
     for extra, functions in calls.items():
         for function in functions:
@@ -313,7 +317,7 @@ def test_a_function_of_an_extra_names_the_extra(core_python, tmp_path):
     for extra, texts in messages.items():
         for text in texts:
             assert f'pip install "attnopt[{extra}]"' in text, text
-    assert len(messages["notebook"]) == 3
+    assert len(messages["notebook"]) == 3 and len(messages["triton"]) == 1
 
 
 # ------------------------------------------------------------------------------------------------
