@@ -170,7 +170,8 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
     tau = lo
     tol = tol_rel * tl.maximum(tl.abs(m0), 1.0)
     n_end = _key_blocks_end(pid_m, n_k, causal_off, CAUSAL, BM, BN)
-    visits = 0
+    visits = 0  # tiles loaded by the threshold passes
+    out_visits = 0  # tiles loaded by the output pass
     active = live
     it = 0
     while (it < max_iter) & (tl.sum(active.to(tl.int32), axis=0) > 0):
@@ -213,14 +214,16 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
             acc_u = tl.dot(w, v, acc_u, input_precision="ieee", out_dtype=WORK)
             sp += tl.sum(p, axis=1)
             sw += tl.sum(w, axis=1)
-            visits += 1
+            out_visits += 1
     o = tl.where(live[:, None], acc_o / tl.where(sp > 0, sp, 1.0)[:, None], 0.0)
     u = tl.where(live[:, None], acc_u / tl.where(sw > 0, sw, 1.0)[:, None], 0.0)
     out_mask = row_ok[:, None] & (offs_v[None, :] < dv)
     tl.store(O + b * n_q * dv + offs_m[:, None] * dv + offs_v[None, :], o.to(O.dtype.element_ty), mask=out_mask)
     tl.store(Ubar + b * n_q * dv + offs_m[:, None] * dv + offs_v[None, :], u, mask=out_mask)
     tl.store(Tau + b * n_q + offs_m, tl.where(live, tau, float("inf")), mask=row_ok)
-    tl.store(Visits + b * n_qb + pid_m, visits)
+    tl.store(Visits + (b * n_qb + pid_m) * 3, visits)
+    tl.store(Visits + (b * n_qb + pid_m) * 3 + 1, out_visits)
+    tl.store(Visits + (b * n_qb + pid_m) * 3 + 2, it)
 
 
 @triton.jit
@@ -417,8 +420,8 @@ def forward(q, k, v, key_mask, alpha, scale, causal, block_m=None, block_n=None,
 
     Returns ``(o, state, ubar, tile_max, visits)``: ``state`` is tau (entmax) or the log-sum-exp
     (softmax) per query, ``ubar`` is u-bar (entmax; None for softmax), ``tile_max`` the tile maxima
-    (None for softmax), ``visits`` the number of tiles each query block loaded after the first
-    pass (None for softmax).
+    (None for softmax), ``visits`` per query block: the tiles loaded by the threshold passes, the
+    tiles loaded by the output pass, and the number of threshold passes (None for softmax).
     """
     P = _Plan(q, k, v, key_mask, alpha, scale, causal, block_m, block_n, max_iter)
     dev = q.device
@@ -438,7 +441,7 @@ def forward(q, k, v, key_mask, alpha, scale, causal, block_m=None, block_n=None,
                       P.n_qb, P.n_kb, HAS_KM=P.has_km, CAUSAL=P.causal, BM=P.BM, BN=P.BN, BD=P.BD, WORK=P.WORK)
     tau = torch.empty(P.B, P.n_q, dtype=P.work, device=dev)
     ubar = torch.empty(P.B, P.n_q, P.dv, dtype=P.work, device=dev)
-    visits = torch.zeros(P.B, P.n_qb, dtype=torch.int32, device=dev)
+    visits = torch.zeros(P.B, P.n_qb, 3, dtype=torch.int32, device=dev)
     _entmax_fwd_kernel[grid](q, k, v, km, tile_max, row_max, count, o, tau, ubar, visits,
                              P.n_q, P.n_k, P.d, P.dv, P.coef, P.causal_off, P.n_qb, P.n_kb, P.am1, P.pexp,
                              P.wexp, P.tol_rel, P.max_iter, MODE=P.mode, HAS_KM=P.has_km, CAUSAL=P.causal,
