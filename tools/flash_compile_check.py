@@ -1,25 +1,45 @@
-"""Compile every kernel for sm_90 without a GPU (ptxas from the triton wheel): catches what the interpreter accepts but the compiler rejects."""
+"""Compile every flash-attention kernel for sm_90 without a GPU (ptxas ships in the triton wheel).
+
+Catches what Triton's interpreter accepts but the compiler rejects (types changing in loops, ...):
+
+    PYTHONPATH=src python tools/flash_compile_check.py [fp32 fp64 bf16 fp16]
+
+Slow on a busy CPU (minutes per dtype); prints one line per kernel and exits 1 on any failure.
+"""
 import inspect, sys
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attnopt import _attention_flash as F
 
+DATA = ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV")
+
+
 def sig(fn, ptr, consts, fp):
+    """Triton signature: data pointers of the input dtype, state in the working dtype."""
+    work = "fp64" if fp == "fp64" else "fp32"
     s = {}
     for name in fn.arg_names:
-        if name in consts: s[name] = "constexpr"
-        elif name[0].isupper() or name in ("dO", "dK", "dV", "dQ"): s[name] = "*" + ptr.get(name, fp)
-        elif name in ("n_q","n_k","d","dv","causal_off","n_qb","n_kb","max_iter"): s[name] = "i32"
-        else: s[name] = "fp32" if fp=="fp32" else "fp64"
+        if name in consts:
+            s[name] = "constexpr"
+        elif name in DATA:
+            s[name] = "*" + fp
+        elif name[0].isupper():
+            s[name] = "*" + ptr.get(name, work)
+        elif name in ("n_q", "n_k", "d", "dv", "causal_off", "n_qb", "n_kb", "max_iter"):
+            s[name] = "i32"
+        else:
+            s[name] = work
     return s
 target = GPUTarget("cuda", 90, 32)
 ok = True
-for fp in ("fp32", "fp64"):
-  WORK = tl.float32 if fp == "fp32" else tl.float64
+FPS = sys.argv[1:] or ["fp32", "fp64", "bf16"]
+for fp in FPS:
+  WORK = tl.float64 if fp == "fp64" else tl.float32
+  DOT = {"fp32": tl.float32, "fp64": tl.float64, "bf16": tl.bfloat16, "fp16": tl.float16}[fp]
   for mode in (0, 1, 2, 3):
     for causal in (False, True):
-      base = dict(HAS_KM=True, CAUSAL=causal, BM=64 if fp=="fp32" else 32, BN=64 if fp=="fp32" else 32, BD=64, WORK=WORK)
+      base = dict(HAS_KM=True, CAUSAL=causal, BM=32 if fp=="fp64" else 64, BN=32 if fp=="fp64" else 64, BD=64, WORK=WORK, DOT=DOT)
       jobs = []
       if mode == 0:
           jobs.append((F._softmax_fwd_kernel, dict(base, BDV=64)))
@@ -33,8 +53,8 @@ for fp in ("fp32", "fp64"):
           s = sig(fn, ptr, consts, fp)
           try:
               k = triton.compile(ASTSource(fn, s, constexprs=consts), target=target)
-              print("ok", fp, mode, causal, fn.fn.__name__, "regs", k.n_regs if hasattr(k,'n_regs') else "?", "spills", getattr(k, "n_spills", "?"))
+              print("ok", fp, mode, causal, fn.fn.__name__, flush=True)
           except Exception as e:
               ok = False
-              print("FAIL", fp, mode, causal, fn.fn.__name__, type(e).__name__, str(e)[:1500])
+              print("FAIL", fp, mode, causal, fn.fn.__name__, type(e).__name__, str(e)[:1500], flush=True)
 sys.exit(0 if ok else 1)

@@ -29,8 +29,9 @@ maximal key alone contributes 1) and :math:`f(m - n^{-(\alpha-1)})\le 0` (every 
 lower bound, increases monotonically to the root; for :math:`\alpha = 2` (sparsemax) :math:`f` is
 piecewise linear and Newton ends exactly once the support is found.  For :math:`\alpha>2`
 :math:`f` is concave between its kinks and a step may leave the bracket :math:`[lo, hi]`, kept
-from the signs of :math:`f`; such a step is replaced by bisection.  A row stops when its step is
-below a few units in the last place of :math:`m`.
+from the signs of :math:`f`; such a step, or one that does not halve the previous move, is replaced
+by bisection.  A row stops when its step, or its bracket, is below a few units in the last place
+of :math:`m`.
 
 **Skipping.**  A key with :math:`z_j\le\tau` has weight 0 and no part in :math:`f`, :math:`g`, the
 output or the gradient.  So a tile whose maximum :math:`M_{IJ}` is at most :math:`\min_{i\in I}
@@ -82,12 +83,12 @@ SOFTMAX, SPARSEMAX, ENTMAX15, ENTMAX = 0, 1, 2, 3
 
 @triton.jit
 def _scores(q, K, b, kb, n_k, n_q, d, KM, offs_m, coef, causal_off,
-            HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, WORK: tl.constexpr):
+            HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """Tile of z = coef * q k^T (coef = (alpha-1)*scale, or scale for softmax), -inf where not allowed."""
     offs_n = kb * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     k = tl.load(K + b * n_k * d + offs_n[:, None] * d + offs_d[None, :],
-                mask=(offs_n[:, None] < n_k) & (offs_d[None, :] < d), other=0.0).to(WORK)
+                mask=(offs_n[:, None] < n_k) & (offs_d[None, :] < d), other=0.0).to(DOT)
     z = tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=WORK) * coef
     allowed = (offs_m[:, None] < n_q) & (offs_n[None, :] < n_k)
     if HAS_KM:
@@ -127,19 +128,19 @@ def _weights(x, pexp, wexp, MODE: tl.constexpr):
 @triton.jit
 def _max_kernel(Q, K, KM, TileMax, RowMax, Count, n_q, n_k, d, coef, causal_off, n_qb, n_kb,
                 HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                BD: tl.constexpr, WORK: tl.constexpr):
+                BD: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """Pass 1: the row maxima m_i, the counts of allowed keys, and the tile maxima M_IJ."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     q = tl.load(Q + b * n_q * d + offs_m[:, None] * d + offs_d[None, :],
-                mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < d), other=0.0).to(WORK)
+                mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < d), other=0.0).to(DOT)
     m = tl.full((BM,), float("-inf"), WORK)
     cnt = tl.zeros((BM,), WORK)
     for kb in range(0, _key_blocks_end(pid_m, n_k, causal_off, CAUSAL, BM, BN)):
         z, allowed, offs_n = _scores(q, K, b, kb, n_k, n_q, d, KM, offs_m, coef, causal_off,
-                                     HAS_KM, CAUSAL, BN, BD, WORK)
+                                     HAS_KM, CAUSAL, BN, BD, WORK, DOT)
         m = tl.maximum(m, tl.max(z, axis=1))
         cnt += tl.sum(allowed.to(WORK), axis=1)
         tl.store(TileMax + (b * n_qb + pid_m) * n_kb + kb, tl.max(tl.max(z, axis=1), axis=0))
@@ -151,7 +152,7 @@ def _max_kernel(Q, K, KM, TileMax, RowMax, Count, n_q, n_k, d, coef, causal_off,
 def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits,
                        n_q, n_k, d, dv, coef, causal_off, n_qb, n_kb, am1, pexp, wexp, tol_rel, max_iter,
                        MODE: tl.constexpr, HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr):
+                       BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """Newton/bisection passes for tau, then the output pass (o, tau, u-bar), skipping dead tiles."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
@@ -160,7 +161,7 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
     offs_v = tl.arange(0, BDV)
     row_ok = offs_m < n_q
     q = tl.load(Q + b * n_q * d + offs_m[:, None] * d + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0).to(WORK)
+                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0).to(DOT)
     m = tl.load(RowMax + b * n_q + offs_m, mask=row_ok, other=float("-inf"))
     cnt = tl.load(Count + b * n_q + offs_m, mask=row_ok, other=0.0)
     live = cnt > 0
@@ -173,6 +174,8 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
     visits = 0  # tiles loaded by the threshold passes
     out_visits = 0  # tiles loaded by the output pass
     active = live
+    moved = hi - lo + 1.0  # the length of the previous move (none yet: the whole bracket)
+    concave = am1 > 1.0
     it = 0
     while (it < max_iter) & (tl.sum(active.to(tl.int32), axis=0) > 0):
         tau_min = tl.min(tl.where(live, tau, float("inf")), axis=0)
@@ -181,7 +184,7 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
         for kb in range(0, n_end):
             if tl.load(TileMax + (b * n_qb + pid_m) * n_kb + kb) > tau_min:
                 z, allowed, offs_n = _scores(q, K, b, kb, n_k, n_q, d, KM, offs_m, coef, causal_off,
-                                             HAS_KM, CAUSAL, BN, BD, WORK)
+                                             HAS_KM, CAUSAL, BN, BD, WORK, DOT)
                 p, w = _weights(z - tau[:, None], pexp, wexp, MODE)
                 f += tl.sum(p, axis=1)
                 g += tl.sum(w, axis=1)
@@ -191,10 +194,14 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
         lo = tl.where(active & (f > 0), tau, lo)
         hi = tl.where(active & (f < 0), tau, hi)
         step = f / tl.where(g > 0, g, 1.0)
-        done = (tl.abs(step) <= tol) | (f == 0)
+        done = (tl.abs(step) <= tol) | (f == 0) | (hi - lo <= tol)
         cand = tau + step
-        cand = tl.where((g > 0) & (cand >= lo) & (cand <= hi), cand, 0.5 * (lo + hi))
+        # Bisect when Newton leaves the bracket, and (alpha > 2, where f is not convex) when it
+        # does not at least halve the previous move (the guard of Numerical Recipes' rtsafe).
+        bad = (g <= 0) | (cand < lo) | (cand > hi) | (concave & (tl.abs(step) > 0.5 * moved))
+        cand = tl.where(bad, 0.5 * (lo + hi), cand)
         active = active & ~done
+        moved = tl.where(active, tl.abs(cand - tau), moved)
         tau = tl.where(active, cand, tau)
         it += 1
     # Output pass: o = sum p v / sum p, u-bar = sum w v / sum w.
@@ -206,12 +213,12 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
     for kb in range(0, n_end):
         if tl.load(TileMax + (b * n_qb + pid_m) * n_kb + kb) > tau_min:
             z, allowed, offs_n = _scores(q, K, b, kb, n_k, n_q, d, KM, offs_m, coef, causal_off,
-                                         HAS_KM, CAUSAL, BN, BD, WORK)
+                                         HAS_KM, CAUSAL, BN, BD, WORK, DOT)
             p, w = _weights(z - tau[:, None], pexp, wexp, MODE)
             v = tl.load(V + b * n_k * dv + offs_n[:, None] * dv + offs_v[None, :],
-                        mask=(offs_n[:, None] < n_k) & (offs_v[None, :] < dv), other=0.0).to(WORK)
-            acc_o = tl.dot(p, v, acc_o, input_precision="ieee", out_dtype=WORK)
-            acc_u = tl.dot(w, v, acc_u, input_precision="ieee", out_dtype=WORK)
+                        mask=(offs_n[:, None] < n_k) & (offs_v[None, :] < dv), other=0.0).to(DOT)
+            acc_o = tl.dot(p.to(DOT), v, acc_o, input_precision="ieee", out_dtype=WORK)
+            acc_u = tl.dot(w.to(DOT), v, acc_u, input_precision="ieee", out_dtype=WORK)
             sp += tl.sum(p, axis=1)
             sw += tl.sum(w, axis=1)
             out_visits += 1
@@ -229,7 +236,7 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
 @triton.jit
 def _softmax_fwd_kernel(Q, K, V, KM, O, Lse, n_q, n_k, d, dv, coef, causal_off,
                         HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr):
+                        BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """Online softmax (FlashAttention-2): running max, running sum, rescaled accumulator."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
@@ -238,21 +245,21 @@ def _softmax_fwd_kernel(Q, K, V, KM, O, Lse, n_q, n_k, d, dv, coef, causal_off,
     offs_v = tl.arange(0, BDV)
     row_ok = offs_m < n_q
     q = tl.load(Q + b * n_q * d + offs_m[:, None] * d + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0).to(WORK)
+                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0).to(DOT)
     m = tl.full((BM,), float("-inf"), WORK)
     lsum = tl.zeros((BM,), WORK)
     acc = tl.zeros((BM, BDV), WORK)
     for kb in range(0, _key_blocks_end(pid_m, n_k, causal_off, CAUSAL, BM, BN)):
         z, allowed, offs_n = _scores(q, K, b, kb, n_k, n_q, d, KM, offs_m, coef, causal_off,
-                                     HAS_KM, CAUSAL, BN, BD, WORK)
+                                     HAS_KM, CAUSAL, BN, BD, WORK, DOT)
         m_new = tl.maximum(m, tl.max(z, axis=1))
         # A row with no allowed key so far keeps m = -inf: shift by 0 there, not by -inf (NaN).
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(z - shift[:, None])
         rescale = tl.exp(m - shift)
         v = tl.load(V + b * n_k * dv + offs_n[:, None] * dv + offs_v[None, :],
-                    mask=(offs_n[:, None] < n_k) & (offs_v[None, :] < dv), other=0.0).to(WORK)
-        acc = tl.dot(p, v, acc * rescale[:, None], input_precision="ieee", out_dtype=WORK)
+                    mask=(offs_n[:, None] < n_k) & (offs_v[None, :] < dv), other=0.0).to(DOT)
+        acc = tl.dot(p.to(DOT), v, acc * rescale[:, None], input_precision="ieee", out_dtype=WORK)
         lsum = lsum * rescale + tl.sum(p, axis=1)
         m = m_new
     live = lsum > 0
@@ -278,7 +285,7 @@ def _probs(z, state, pexp, wexp, MODE: tl.constexpr):
 def _bwd_kv_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dK, dV,
                    n_q, n_k, d, dv, coef, scale, causal_off, n_qb, n_kb, pexp, wexp,
                    MODE: tl.constexpr, HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr):
+                   BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """dk_j = scale sum_i ds_ij q_i and dv_j = sum_i p_ij do_i for one key block, over query blocks."""
     kb = tl.program_id(0)
     b = tl.program_id(1)
@@ -287,7 +294,7 @@ def _bwd_kv_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dK, dV,
     offs_v = tl.arange(0, BDV)
     col_ok = offs_n < n_k
     v = tl.load(V + b * n_k * dv + offs_n[:, None] * dv + offs_v[None, :],
-                mask=col_ok[:, None] & (offs_v[None, :] < dv), other=0.0).to(WORK)
+                mask=col_ok[:, None] & (offs_v[None, :] < dv), other=0.0).to(DOT)
     dk = tl.zeros((BN, BD), WORK)
     dvacc = tl.zeros((BN, BDV), WORK)
     qb_start = 0
@@ -303,17 +310,17 @@ def _bwd_kv_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dK, dV,
             go = tl.load(TileMax + (b * n_qb + qb) * n_kb + kb) > tl.min(state, axis=0)
         if go:
             q = tl.load(Q + b * n_q * d + offs_m[:, None] * d + offs_d[None, :],
-                        mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0).to(WORK)
+                        mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0).to(DOT)
             do = tl.load(dO + b * n_q * dv + offs_m[:, None] * dv + offs_v[None, :],
-                         mask=row_ok[:, None] & (offs_v[None, :] < dv), other=0.0).to(WORK)
+                         mask=row_ok[:, None] & (offs_v[None, :] < dv), other=0.0).to(DOT)
             delta = tl.load(Delta + b * n_q + offs_m, mask=row_ok, other=0.0)
             z, allowed, _ = _scores(q, K, b, kb, n_k, n_q, d, KM, offs_m, coef, causal_off,
-                                    HAS_KM, CAUSAL, BN, BD, WORK)
+                                    HAS_KM, CAUSAL, BN, BD, WORK, DOT)
             p, w = _probs(z, state, pexp, wexp, MODE)
-            dvacc = tl.dot(tl.trans(p), do, dvacc, input_precision="ieee", out_dtype=WORK)
+            dvacc = tl.dot(tl.trans(p.to(DOT)), do, dvacc, input_precision="ieee", out_dtype=WORK)
             dp = tl.dot(do, tl.trans(v), input_precision="ieee", out_dtype=WORK)
             ds = w * (dp - delta[:, None])
-            dk = tl.dot(tl.trans(ds), q, dk, input_precision="ieee", out_dtype=WORK)
+            dk = tl.dot(tl.trans(ds.to(DOT)), q, dk, input_precision="ieee", out_dtype=WORK)
     tl.store(dK + b * n_k * d + offs_n[:, None] * d + offs_d[None, :], (dk * scale).to(dK.dtype.element_ty),
              mask=col_ok[:, None] & (offs_d[None, :] < d))
     tl.store(dV + b * n_k * dv + offs_n[:, None] * dv + offs_v[None, :], dvacc.to(dV.dtype.element_ty),
@@ -324,7 +331,7 @@ def _bwd_kv_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dK, dV,
 def _bwd_q_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dQ,
                   n_q, n_k, d, dv, coef, scale, causal_off, n_qb, n_kb, pexp, wexp,
                   MODE: tl.constexpr, HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
-                  BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr):
+                  BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """dq_i = scale sum_j ds_ij k_j for one query block, over the key blocks it may see."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
@@ -333,9 +340,9 @@ def _bwd_q_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dQ,
     offs_v = tl.arange(0, BDV)
     row_ok = offs_m < n_q
     q = tl.load(Q + b * n_q * d + offs_m[:, None] * d + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0).to(WORK)
+                mask=row_ok[:, None] & (offs_d[None, :] < d), other=0.0).to(DOT)
     do = tl.load(dO + b * n_q * dv + offs_m[:, None] * dv + offs_v[None, :],
-                 mask=row_ok[:, None] & (offs_v[None, :] < dv), other=0.0).to(WORK)
+                 mask=row_ok[:, None] & (offs_v[None, :] < dv), other=0.0).to(DOT)
     state = tl.load(State + b * n_q + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(Delta + b * n_q + offs_m, mask=row_ok, other=0.0)
     state_min = tl.min(state, axis=0)
@@ -346,22 +353,22 @@ def _bwd_q_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dQ,
             go = tl.load(TileMax + (b * n_qb + pid_m) * n_kb + kb) > state_min
         if go:
             z, allowed, offs_n = _scores(q, K, b, kb, n_k, n_q, d, KM, offs_m, coef, causal_off,
-                                         HAS_KM, CAUSAL, BN, BD, WORK)
+                                         HAS_KM, CAUSAL, BN, BD, WORK, DOT)
             p, w = _probs(z, state, pexp, wexp, MODE)
             v = tl.load(V + b * n_k * dv + offs_n[:, None] * dv + offs_v[None, :],
-                        mask=(offs_n[:, None] < n_k) & (offs_v[None, :] < dv), other=0.0).to(WORK)
+                        mask=(offs_n[:, None] < n_k) & (offs_v[None, :] < dv), other=0.0).to(DOT)
             k = tl.load(K + b * n_k * d + offs_n[:, None] * d + offs_d[None, :],
-                        mask=(offs_n[:, None] < n_k) & (offs_d[None, :] < d), other=0.0).to(WORK)
+                        mask=(offs_n[:, None] < n_k) & (offs_d[None, :] < d), other=0.0).to(DOT)
             dp = tl.dot(do, tl.trans(v), input_precision="ieee", out_dtype=WORK)
             ds = w * (dp - delta[:, None])
-            dq = tl.dot(ds, k, dq, input_precision="ieee", out_dtype=WORK)
+            dq = tl.dot(ds.to(DOT), k, dq, input_precision="ieee", out_dtype=WORK)
     tl.store(dQ + b * n_q * d + offs_m[:, None] * d + offs_d[None, :], (dq * scale).to(dQ.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < d))
 
 
 # -------- host side ---------------------------------------------------------------------------
 
-_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
+_TL = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 def _mode(alpha: float) -> int:
@@ -395,6 +402,11 @@ class _Plan:
         self.mode = _mode(alpha)
         self.work = torch.float64 if q.dtype == torch.float64 else torch.float32
         self.WORK = _TL[self.work]
+        # Half-precision inputs enter the tensor-core products as they are (exact products, float32
+        # sums, as FlashAttention does); weights are rounded to that dtype only for p @ v.
+        # (bfloat16 is multiplied in float32: its products gave wrong results in the interpreter,
+        # which could not be told apart from a kernel bug without a GPU.)
+        self.DOT = self.WORK if q.dtype == torch.bfloat16 else _TL[q.dtype]
         bm, bn = default_blocks(q.dtype, self.d) if block_m is None else (block_m, block_n)
         self.BM, self.BN = bm, bn
         self.BD, self.BDV = _pow2(self.d), _pow2(self.dv)
@@ -432,20 +444,20 @@ def forward(q, k, v, key_mask, alpha, scale, causal, block_m=None, block_n=None,
         lse = torch.empty(P.B, P.n_q, dtype=P.work, device=dev)
         _softmax_fwd_kernel[grid](q, k, v, km, o, lse, P.n_q, P.n_k, P.d, P.dv, P.coef, P.causal_off,
                                   HAS_KM=P.has_km, CAUSAL=P.causal, BM=P.BM, BN=P.BN, BD=P.BD, BDV=P.BDV,
-                                  WORK=P.WORK)
+                                  WORK=P.WORK, DOT=P.DOT)
         return o, lse, None, None, None, P
     tile_max = torch.full((P.B, P.n_qb, P.n_kb), float("-inf"), dtype=P.work, device=dev)
     row_max = torch.empty(P.B, P.n_q, dtype=P.work, device=dev)
     count = torch.empty(P.B, P.n_q, dtype=P.work, device=dev)
     _max_kernel[grid](q, k, km, tile_max, row_max, count, P.n_q, P.n_k, P.d, P.coef, P.causal_off,
-                      P.n_qb, P.n_kb, HAS_KM=P.has_km, CAUSAL=P.causal, BM=P.BM, BN=P.BN, BD=P.BD, WORK=P.WORK)
+                      P.n_qb, P.n_kb, HAS_KM=P.has_km, CAUSAL=P.causal, BM=P.BM, BN=P.BN, BD=P.BD, WORK=P.WORK, DOT=P.DOT)
     tau = torch.empty(P.B, P.n_q, dtype=P.work, device=dev)
     ubar = torch.empty(P.B, P.n_q, P.dv, dtype=P.work, device=dev)
     visits = torch.zeros(P.B, P.n_qb, 3, dtype=torch.int32, device=dev)
     _entmax_fwd_kernel[grid](q, k, v, km, tile_max, row_max, count, o, tau, ubar, visits,
                              P.n_q, P.n_k, P.d, P.dv, P.coef, P.causal_off, P.n_qb, P.n_kb, P.am1, P.pexp,
                              P.wexp, P.tol_rel, P.max_iter, MODE=P.mode, HAS_KM=P.has_km, CAUSAL=P.causal,
-                             BM=P.BM, BN=P.BN, BD=P.BD, BDV=P.BDV, WORK=P.WORK)
+                             BM=P.BM, BN=P.BN, BD=P.BD, BDV=P.BDV, WORK=P.WORK, DOT=P.DOT)
     return o, tau, ubar, tile_max, visits, P
 
 
@@ -458,7 +470,7 @@ def backward(P, q, k, v, o, state, ubar, tile_max, do):
         tile_max = torch.empty(1, dtype=P.work, device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     km = P.km(q)
-    common = dict(MODE=P.mode, HAS_KM=P.has_km, CAUSAL=P.causal, BM=P.BM, BN=P.BN, BD=P.BD, BDV=P.BDV, WORK=P.WORK)
+    common = dict(MODE=P.mode, HAS_KM=P.has_km, CAUSAL=P.causal, BM=P.BM, BN=P.BN, BD=P.BD, BDV=P.BDV, WORK=P.WORK, DOT=P.DOT)
     args = (P.n_q, P.n_k, P.d, P.dv, P.coef, P.scale, P.causal_off, P.n_qb, P.n_kb, P.pexp, P.wexp)
     _bwd_kv_kernel[(P.n_kb, P.B)](q, k, v, km, tile_max, state, delta, do, dk, dv, *args, **common)
     _bwd_q_kernel[(P.n_qb, P.B)](q, k, v, km, tile_max, state, delta, do, dq, *args, **common)
