@@ -404,9 +404,9 @@ class _Plan:
         self.WORK = _TL[self.work]
         # Half-precision inputs enter the tensor-core products as they are (exact products, float32
         # sums, as FlashAttention does); weights are rounded to that dtype only for p @ v.
-        # (bfloat16 is multiplied in float32: its products gave wrong results in the interpreter,
-        # which could not be told apart from a kernel bug without a GPU.)
-        self.DOT = self.WORK if q.dtype == torch.bfloat16 else _TL[q.dtype]
+        # Triton 3.9's interpreter gets bfloat16 products wrong (a bare tl.dot of two bfloat16
+        # tiles is off by 1e10), so on the CPU bfloat16 is multiplied in float32.
+        self.DOT = self.WORK if q.dtype == torch.bfloat16 and not q.is_cuda else _TL[q.dtype]
         bm, bn = default_blocks(q.dtype, self.d) if block_m is None else (block_m, block_n)
         self.BM, self.BN = bm, bn
         self.BD, self.BDV = _pow2(self.d), _pow2(self.dv)

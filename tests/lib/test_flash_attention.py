@@ -123,8 +123,8 @@ def test_matches_dense_causal(alpha, dtype):
 
 
 def test_broadcast_leading_dims_and_default_scale():
-    q, _, _ = qkv(lead=(2, 3), n_k=N_K)
-    _, k, v = qkv(lead=(3,), seed=4)
+    q, _, _ = qkv(lead=(2, 2), n_q=12)
+    _, k, v = qkv(lead=(2,), seed=4)
     keep = torch.ones(2, 1, N_K, dtype=torch.bool, device=DEVICE)
     keep[0, 0, : N_K // 2] = False
     compare(q, k, v, 1.5, torch.float64, key_padding_mask=keep)
