@@ -131,7 +131,7 @@ def _max_kernel(Q, K, KM, TileMax, RowMax, Count, n_q, n_k, d, coef, causal_off,
                 BD: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """Pass 1: the row maxima m_i, the counts of allowed keys, and the tile maxima M_IJ."""
     pid_m = tl.program_id(0)
-    b = tl.program_id(1)
+    b = tl.program_id(1).to(tl.int64)  # 64-bit offsets: batch x heads x n x d passes 2^31
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     q = tl.load(Q + b * n_q * d + offs_m[:, None] * d + offs_d[None, :],
@@ -155,7 +155,7 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
                        BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """Newton/bisection passes for tau, then the output pass (o, tau, u-bar), skipping dead tiles."""
     pid_m = tl.program_id(0)
-    b = tl.program_id(1)
+    b = tl.program_id(1).to(tl.int64)  # 64-bit offsets: batch x heads x n x d passes 2^31
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     offs_v = tl.arange(0, BDV)
@@ -239,7 +239,7 @@ def _softmax_fwd_kernel(Q, K, V, KM, O, Lse, n_q, n_k, d, dv, coef, causal_off,
                         BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """Online softmax (FlashAttention-2): running max, running sum, rescaled accumulator."""
     pid_m = tl.program_id(0)
-    b = tl.program_id(1)
+    b = tl.program_id(1).to(tl.int64)  # 64-bit offsets: batch x heads x n x d passes 2^31
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     offs_v = tl.arange(0, BDV)
@@ -288,7 +288,7 @@ def _bwd_kv_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dK, dV,
                    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """dk_j = scale sum_i ds_ij q_i and dv_j = sum_i p_ij do_i for one key block, over query blocks."""
     kb = tl.program_id(0)
-    b = tl.program_id(1)
+    b = tl.program_id(1).to(tl.int64)  # 64-bit offsets: batch x heads x n x d passes 2^31
     offs_n = kb * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_v = tl.arange(0, BDV)
@@ -334,7 +334,7 @@ def _bwd_q_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dQ,
                   BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """dq_i = scale sum_j ds_ij k_j for one query block, over the key blocks it may see."""
     pid_m = tl.program_id(0)
-    b = tl.program_id(1)
+    b = tl.program_id(1).to(tl.int64)  # 64-bit offsets: batch x heads x n x d passes 2^31
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     offs_v = tl.arange(0, BDV)
@@ -478,7 +478,8 @@ def backward(P, q, k, v, o, state, ubar, tile_max, do):
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: forward and backward both through the kernels above."""
+    """Autograd wrapper: forward and backward both through the kernels above (first derivatives
+    only: a second backward raises; the dense path has exact second derivatives)."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_mask, alpha, scale, causal, block_m, block_n, max_iter):
@@ -491,6 +492,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         return o, visits
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, do, _dvisits):
         q, k, v, o, state, ubar, tile_max = ctx.saved_tensors
         dq, dk, dv = backward(ctx.plan, q, k, v, o, state, ubar, tile_max, do)

@@ -292,6 +292,8 @@ def flash_attention(
     Returns:
         ``(..., n_q, d_v)``.  A query with no allowed key (all padded, or before the first key
         under ``causal``) gets the zero vector and zero gradient, as in :func:`attention_weights`.
+        Empty inputs (no queries, keys or value features) take the dense path.  The Triton path
+        gives first derivatives (a second backward raises); the dense path also second ones.
 
     Raises:
         TypeError: non-floating or mixed-dtype ``q``/``k``/``v``, a non-boolean mask or ``causal``,

@@ -226,13 +226,14 @@ def separated(n=64, d=8, winners=16, dtype=torch.float64):
     return [x.to(DEVICE).requires_grad_() for x in (q, k, v)]
 
 
-@pytest.mark.skipif(CUDA, reason="counts tiles of the 16 x 16 tiling used in the interpreter")
 @pytest.mark.parametrize("alpha", [1.5, 2.0])
 def test_blocks_outside_the_support_are_skipped(alpha, monkeypatch):
     q, k, v = separated()
     # The dense path must not run: make it fail loudly if it were taken.
     monkeypatch.setattr(attnopt.attention, "attention_scores", lambda *a, **kw: pytest.fail("dense path taken"))
-    out, info = run_triton(q, k, v, alpha)
+    # 16 x 16 tiles on every device, so that the 64 keys span 4 key blocks.
+    out, info = _flash_attention(q, k, v, alpha=alpha, method="triton", block_m=16, block_n=16)
+    assert info["path"] == "triton"
     monkeypatch.undo()
     visits = info["visits"]  # (batch, query blocks, [threshold-pass tiles, output-pass tiles, passes])
     n_kb = 64 // 16
@@ -247,6 +248,25 @@ def test_blocks_outside_the_support_are_skipped(alpha, monkeypatch):
     s = attnopt.attention_scores(q.detach(), k.detach())
     p = transforms.sparsemax(s) if alpha == 2.0 else transforms.entmax15(s)
     assert p[..., 16:].abs().max() == 0 and p[..., :16].sum(-1).min() > 0.99
+
+
+def test_no_keys_or_no_queries():
+    """Empty inputs need no kernel: zeros (every query a dead row) or an empty output, with grads."""
+    q, k, v = qkv(n_k=0)
+    out = flash_attention(q, k, v, alpha=1.5, method="triton")
+    assert out.shape == (2, N_Q, DV) and out.abs().max() == 0
+    out.sum().backward()
+    assert q.grad.abs().max() == 0
+    q, k, v = qkv(n_q=0)
+    assert flash_attention(q, k, v, alpha=2.0, method="triton").shape == (2, 0, DV)
+
+
+def test_second_derivatives_are_refused_not_wrong():
+    q, k, v = qkv(n_q=5, n_k=7, d=3, dv=2)
+    out, _ = run_triton(q, k, v, 1.5)
+    (gq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(gq.sum(), k)
 
 
 def test_auto_method_and_triton_errors(monkeypatch):
