@@ -372,7 +372,7 @@ _TL = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.f
 
 
 def _mode(alpha: float) -> int:
-    if alpha == 1.0:
+    if alpha - 1.0 <= 1e-6:  # as attnopt.transforms.entmax: softmax within 1e-6 of alpha = 1
         return SOFTMAX
     if alpha == 2.0:
         return SPARSEMAX
