@@ -313,9 +313,9 @@ def test_no_n_by_n_tensor_forward_or_backward(alpha):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_accumulates_in_float32(dtype):
-    q, k, v = qkv(dtype=torch.float32)
-    ref = dense(q, k, v, 1.5)
-    out, _ = run_triton(q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype), 1.5)
+    q, k, v = (x.detach().to(dtype) for x in qkv(dtype=torch.float32))
+    ref = dense(q.float(), k.float(), v.float(), 1.5)  # the same rounded inputs, in float32
+    out, _ = run_triton(q, k, v, 1.5)
     assert out.dtype == dtype
     assert (out.float() - ref).abs().max().item() <= (2e-2 if dtype == torch.bfloat16 else 5e-3)
 
