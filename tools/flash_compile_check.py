@@ -49,7 +49,7 @@ for fp in FPS:
       jobs.append((F._bwd_kv_kernel, dict(base, BDV=64, MODE=mode)))
       jobs.append((F._bwd_q_kernel, dict(base, BDV=64, MODE=mode)))
       for fn, consts in jobs:
-          ptr = {"KM": "i8", "Visits": "i32"}
+          ptr = {"KM": "i64" if fp == "fp64" else "i8", "Visits": "i32"}  # as _Plan
           s = sig(fn, ptr, consts, fp)
           try:
               k = triton.compile(ASTSource(fn, s, constexprs=consts), target=target)

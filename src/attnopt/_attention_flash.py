@@ -417,6 +417,11 @@ class _Plan:
         self.pexp = 1.0 / am1 if am1 > 0 else 1.0
         self.wexp = (2.0 - alpha) / am1 if am1 > 0 else 1.0
         self.causal_off = self.n_k - self.n_q
+        # Triton (3.6 at least) sizes a register dot operand by the narrowest load it depends on:
+        # an int8 mask behind the float64 weights asks for a float64 MMA layout its lowering
+        # rejects ("fp64 don't support largeK MMA"), so float64 reads a 64-bit mask.
+        if key_mask is not None and self.work == torch.float64:
+            key_mask = key_mask.to(torch.int64)
         self.key_mask = key_mask
         self.has_km = key_mask is not None
         self.tol_rel = 4.0 * torch.finfo(self.work).eps
