@@ -5,6 +5,11 @@ Catches what Triton's interpreter accepts but the compiler rejects (types changi
     PYTHONPATH=src python tools/flash_compile_check.py [fp32 fp64 bf16 fp16]
 
 Slow on a busy CPU (minutes per dtype); prints one line per kernel and exits 1 on any failure.
+Check another Triton release (the GPU's may differ from the venv's: 3.6 rejected float64 MMA
+operands that 3.9 accepts) with its wheel unpacked elsewhere, e.g.
+
+    pip download --no-deps -d /tmp/t36 triton==3.6.0 && pip install --no-deps --target /tmp/t36/site /tmp/t36/triton-3.6.0-*.whl
+    PYTHONPATH=/tmp/t36/site:src python tools/flash_compile_check.py fp64
 """
 import inspect, sys
 import triton, triton.language as tl
