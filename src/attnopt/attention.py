@@ -286,8 +286,8 @@ def flash_attention(
         key_padding_mask: boolean ``(..., n_k)``, ``True`` = a key that may be attended to (the
             convention of ``mask`` in :func:`attention_scores`).
         method: ``"triton"`` (the kernels; on the CPU only under ``TRITON_INTERPRET=1``),
-            ``"dense"``, or ``"auto"``: Triton for CUDA tensors when Triton is installed, dense
-            otherwise.
+            ``"dense"``, or ``"auto"``: dense for now (the kernels pass every test under
+            Triton's interpreter, but not yet all of them on a GPU; see benchmarks/README.md).
 
     Returns:
         ``(..., n_q, d_v)``.  A query with no allowed key (all padded, or before the first key
@@ -348,7 +348,10 @@ def _flash_attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_paddin
     check_finite(k, "k")
     check_finite(v, "v")
     if method == "auto":
-        method = "triton" if q.is_cuda and _triton_available() else "dense"
+        # dense until the kernels' tests pass on a GPU: on an H200 (2026-11-28, Triton 3.6) several of
+        # tests/lib/test_flash_attention.py failed at full size before the run's time ran out, and
+        # what failed is not yet known; method="triton" takes the kernels explicitly
+        method = "dense"
     if method == "triton":
         if not _triton_available():
             raise ValueError('method="triton" needs Triton (pip install triton); use method="dense"')

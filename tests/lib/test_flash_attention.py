@@ -272,7 +272,7 @@ def test_second_derivatives_are_refused_not_wrong():
 def test_auto_method_and_triton_errors(monkeypatch):
     q, k, v = qkv()
     _, info = _flash_attention(q, k, v, method="auto")
-    assert info["path"] == ("triton" if CUDA else "dense")
+    assert info["path"] == "dense"  # until the kernels pass their tests on a GPU (see flash_attention)
     if not CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         with pytest.raises(ValueError, match="TRITON_INTERPRET"):

@@ -285,6 +285,8 @@ def test_method_triton_says_why_it_cannot_run(monkeypatch):
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy on inf - inf
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_inputs_on_the_kernel_path(device):
+    if device == "cuda":  # there the check is a device-side assertion, which ends the process's CUDA context
+        pytest.skip("on CUDA a NaN stops the process with a device-side assertion (seen on an H200, 2026-11-28)")
     for bad in (float("nan"), float("inf")):
         x = torch.randn(70, 5, device=device)
         x[66, 2] = bad  # in the second program's block
