@@ -77,6 +77,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._numerics import differentiable_once
+
 # MODE: which transform (a compile-time constant, so each kernel specialises its powers).
 SOFTMAX, SPARSEMAX, ENTMAX15, ENTMAX = 0, 1, 2, 3
 
@@ -491,13 +493,14 @@ class FlashAttentionFunction(torch.autograd.Function):
         o, state, ubar, tile_max, visits, P = forward(q, k, v, key_mask, alpha, scale, causal, block_m, block_n, max_iter)
         ctx.plan = P
         ctx.save_for_backward(q, k, v, o, state, ubar, tile_max)
+        ctx.graph_inputs = (q, k, v)  # a second derivative raises (differentiable_once), never drops to 0
         if visits is None:
             visits = torch.zeros(0, dtype=torch.int32, device=q.device)
         ctx.mark_non_differentiable(visits)
         return o, visits
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @differentiable_once
     def backward(ctx, do, _dvisits):
         q, k, v, o, state, ubar, tile_max = ctx.saved_tensors
         dq, dk, dv = backward(ctx.plan, q, k, v, o, state, ubar, tile_max, do)

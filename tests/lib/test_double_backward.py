@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import attnopt
+from attnopt import attention as A
 from attnopt import continuous as C
 from attnopt import transforms as T
 from attnopt import value_functions as VF
@@ -94,6 +95,11 @@ CASES: dict[str, Case] = {
     # backward under create_graph=True is the differentiable torch one
     "attnopt._transforms_triton.TritonRowFunction": Case(
         lambda s: _triton_kernels()(s, method="triton"), lambda: (_rand(2, 6, seed=12),), CORRECT),
+    # flash attention's kernels (through the interpreter on the CPU): first derivatives only, the
+    # second refused by once_differentiable (the dense path has exact second derivatives)
+    "attnopt._attention_flash.FlashAttentionFunction": Case(
+        lambda q, k, v: (_triton_kernels(), A.flash_attention(q, k, v, alpha=1.5, method="triton"))[1],
+        lambda: (_rand(5, 3, seed=16), _rand(6, 3, seed=17), _rand(6, 2, seed=18)), REFUSED),
     # chapter 4: continuous softmax and sparsemax, closed-form moments with hand-written backwards
     "attnopt._continuous_softmax.ContinuousSoftmaxFn": Case(
         lambda m, S: C.continuous_softmax(m, S, _basis()), lambda: (0.5 + 0.1 * _rand(2, 2, seed=7), _spd(8)), REFUSED),
