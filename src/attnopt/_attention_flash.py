@@ -74,16 +74,25 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
-import triton.language as tl
 
 from ._numerics import differentiable_once
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the core without the triton extra: the module imports (the package's test
+    triton = tl = None  # imports every module), and flash_attention never reaches the kernels
+
+
+def _jit(fn):
+    """``triton.jit`` where Triton is installed (compiled, or interpreted under TRITON_INTERPRET=1)."""
+    return fn if triton is None else triton.jit(fn)
 
 # MODE: which transform (a compile-time constant, so each kernel specialises its powers).
 SOFTMAX, SPARSEMAX, ENTMAX15, ENTMAX = 0, 1, 2, 3
 
 
-@triton.jit
+@_jit
 def _scores(q, K, b, kb, n_k, n_q, d, KM, offs_m, coef, causal_off,
             HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
     """Tile of z = coef * q k^T (coef = (alpha-1)*scale, or scale for softmax), -inf where not allowed."""
@@ -101,7 +110,7 @@ def _scores(q, K, b, kb, n_k, n_q, d, KM, offs_m, coef, causal_off,
     return tl.where(allowed, z, float("-inf")), allowed, offs_n
 
 
-@triton.jit
+@_jit
 def _key_blocks_end(pid_m, n_k, causal_off, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Number of key blocks a query block may see (causal: up to its last query's diagonal)."""
     hi = n_k
@@ -110,7 +119,7 @@ def _key_blocks_end(pid_m, n_k, causal_off, CAUSAL: tl.constexpr, BM: tl.constex
     return tl.cdiv(hi, BN)
 
 
-@triton.jit
+@_jit
 def _weights(x, pexp, wexp, MODE: tl.constexpr):
     """p = [x]_+^{1/(alpha-1)} and w = dp/ds = [x]_+^{(2-alpha)/(alpha-1)} from x = z - tau."""
     pos = x > 0
@@ -127,7 +136,7 @@ def _weights(x, pexp, wexp, MODE: tl.constexpr):
     return p, w
 
 
-@triton.jit
+@_jit
 def _max_kernel(Q, K, KM, TileMax, RowMax, Count, n_q, n_k, d, coef, causal_off, n_qb, n_kb,
                 HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BD: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
@@ -150,7 +159,7 @@ def _max_kernel(Q, K, KM, TileMax, RowMax, Count, n_q, n_k, d, coef, causal_off,
     tl.store(Count + b * n_q + offs_m, cnt, mask=offs_m < n_q)
 
 
-@triton.jit
+@_jit
 def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits,
                        n_q, n_k, d, dv, coef, causal_off, n_qb, n_kb, am1, pexp, wexp, tol_rel, max_iter,
                        MODE: tl.constexpr, HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
@@ -235,7 +244,7 @@ def _entmax_fwd_kernel(Q, K, V, KM, TileMax, RowMax, Count, O, Tau, Ubar, Visits
     tl.store(Visits + (b * n_qb + pid_m) * 3 + 2, it)
 
 
-@triton.jit
+@_jit
 def _softmax_fwd_kernel(Q, K, V, KM, O, Lse, n_q, n_k, d, dv, coef, causal_off,
                         HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BD: tl.constexpr, BDV: tl.constexpr, WORK: tl.constexpr, DOT: tl.constexpr):
@@ -272,7 +281,7 @@ def _softmax_fwd_kernel(Q, K, V, KM, O, Lse, n_q, n_k, d, dv, coef, causal_off,
     tl.store(Lse + b * n_q + offs_m, lse, mask=row_ok)
 
 
-@triton.jit
+@_jit
 def _probs(z, state, pexp, wexp, MODE: tl.constexpr):
     """(p, w) of a tile from its z and the per-query state (lse for softmax, tau otherwise)."""
     if MODE == 0:
@@ -283,7 +292,7 @@ def _probs(z, state, pexp, wexp, MODE: tl.constexpr):
     return p, w
 
 
-@triton.jit
+@_jit
 def _bwd_kv_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dK, dV,
                    n_q, n_k, d, dv, coef, scale, causal_off, n_qb, n_kb, pexp, wexp,
                    MODE: tl.constexpr, HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
@@ -329,7 +338,7 @@ def _bwd_kv_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dK, dV,
              mask=col_ok[:, None] & (offs_v[None, :] < dv))
 
 
-@triton.jit
+@_jit
 def _bwd_q_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dQ,
                   n_q, n_k, d, dv, coef, scale, causal_off, n_qb, n_kb, pexp, wexp,
                   MODE: tl.constexpr, HAS_KM: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
@@ -370,7 +379,8 @@ def _bwd_q_kernel(Q, K, V, KM, TileMax, State, Delta, dO, dQ,
 
 # -------- host side ---------------------------------------------------------------------------
 
-_TL = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+_TL = {} if tl is None else {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16,
+                               torch.bfloat16: tl.bfloat16}
 
 
 def _mode(alpha: float) -> int:

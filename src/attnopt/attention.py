@@ -299,8 +299,9 @@ def flash_attention(
         TypeError: non-floating or mixed-dtype ``q``/``k``/``v``, a non-boolean mask or ``causal``,
             ``alpha``/``scale`` not numbers, ``method`` not a string.
         ValueError: shapes that do not match or broadcast, different devices, NaN or infinite
-            inputs, ``alpha < 1``, ``scale <= 0``, an unknown ``method``, ``method="triton"``
-            without Triton, or on the CPU without ``TRITON_INTERPRET=1``.
+            inputs, ``alpha < 1``, ``scale <= 0``, an unknown ``method``, ``method="triton"`` on
+            the CPU without ``TRITON_INTERPRET=1``.
+        ImportError: ``method="triton"`` without Triton (it names the extra ``attnopt[triton]``).
 
     Examples:
         >>> q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3)
@@ -354,7 +355,9 @@ def _flash_attention(q, k, v, *, alpha=1.5, scale=None, causal=False, key_paddin
         method = "dense"
     if method == "triton":
         if not _triton_available():
-            raise ValueError('method="triton" needs Triton (pip install triton); use method="dense"')
+            from ._optional import require as optional_require
+
+            optional_require("triton", 'flash_attention(method="triton")')  # an ImportError naming the extra
         if not q.is_cuda and not _interpreting():
             raise ValueError(
                 f'method="triton" runs on CUDA tensors, or on the CPU only under Triton\'s interpreter '
