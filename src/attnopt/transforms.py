@@ -400,7 +400,7 @@ def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> t
     Michelot/Newton passes with two certificates, the support and the residual
     :math:`\sum_jp_j-1`, and a sorting fallback (``method="newton"``, several times faster on
     CPU), or by a fused Triton kernel that runs Michelot's passes on each row in registers (one
-    read, one write; ``method="triton"``, see :mod:`attnopt._transforms_triton`); ``"auto"`` picks
+    read, one write; ``method="triton"``, see ``attnopt._transforms_triton``); ``"auto"`` picks
     Triton on CUDA (when it imports and a row has at most 16,384 keys), Newton on CPU, sort
     elsewhere.  Both end with one solve on the support
     from sums accumulated in float64 and apply the threshold in two parts, so that rows sum to 1
