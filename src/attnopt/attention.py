@@ -304,10 +304,12 @@ def flash_attention(
         ImportError: ``method="triton"`` without Triton (it names the extra ``attnopt[triton]``).
 
     Examples:
-        >>> q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3)
+        >>> q = torch.randn(2, 5, 8)
+        >>> k, v = torch.randn(2, 7, 8), torch.randn(2, 7, 3)
         >>> out = flash_attention(q, k, v, alpha=2.0, method="dense")
         >>> from attnopt.transforms import sparsemax
-        >>> torch.allclose(out, sparsemax(q @ k.transpose(-1, -2) / 8 ** 0.5) @ v, atol=1e-6)
+        >>> weights = sparsemax(q @ k.transpose(-1, -2) / 8 ** 0.5)
+        >>> torch.allclose(out, weights @ v, atol=1e-6)
         True
 
     References:

@@ -490,8 +490,16 @@ def _apply_limits(fig, limits) -> None:
     if not limits or len(limits) != len(axes):
         return
     for ax, (xlim, ylim) in zip(axes, limits):
-        ax.set_xlim(xlim)
-        ax.set_ylim(ylim)
+        # An axes of fixed aspect that adjusts its data limits (``adjustable="datalim"``) widens one
+        # of them to keep the aspect; with autoscaling off matplotlib logs "Ignoring fixed y limits
+        # ..." into the page's output for each frame.  Such an axes keeps autoscaling on (its
+        # pending autoscale is applied first, by reading the limits), so nothing is logged and the
+        # frame is drawn as it would be anyway.
+        keeps_aspect = ax.get_aspect() != "auto" and ax.get_adjustable() == "datalim"
+        auto = None if keeps_aspect else False
+        ax.get_xlim(), ax.get_ylim()
+        ax.set_xlim(xlim, auto=auto)
+        ax.set_ylim(ylim, auto=auto)
 
 
 def _drawing_order(controls) -> list[tuple]:

@@ -601,7 +601,9 @@ def train_seeds(
         >>> from attnopt.vqa_data import make_batch
         >>> data = make_batch(4, questions_per_scene=4)
         >>> features = encode(GridEncoder(), data)
-        >>> histories = train_seeds([VQAModel(), VQAModel()], data, features, seeds=[0, 1], epochs=2, batch_size=8)
+        >>> models = [VQAModel(), VQAModel()]
+        >>> histories = train_seeds(models, data, features, seeds=[0, 1],
+        ...                         epochs=2, batch_size=8)
         >>> [len(h["loss"]) for h in histories]
         [2, 2]
     """

@@ -244,3 +244,20 @@ def test_shared_limits_leave_a_colorbar_and_other_axes_alone():
     assert list(spans) == [(0,)], "only the combination whose states all draw one panel is shared"
     (xlim, ylim), = spans[(0,)]  # one data axis: the image's, not the colourbar's
     assert xlim == (-0.5, 2.5) and ylim == (1.5, -0.5)  # imshow's extent, its y axis reversed
+
+
+def test_shared_limits_on_an_axes_of_fixed_aspect_log_nothing(caplog):
+    """An equal-aspect axes that adjusts its data limits (chapter 1's Gaussian panels) keeps the
+    aspect; fixing both limits made matplotlib log "Ignoring fixed y limits ..." for every frame,
+    and that log reached the page as a stderr output under the explorer."""
+    def draw(fig, slope):
+        ax = fig.add_subplot()
+        ax.plot([0, 1], [0, slope])
+        ax.set_aspect("equal", adjustable="datalim")
+        return Frame({"slope": slope}, f"a line of slope {slope} at equal aspect")
+
+    grid = [Slider("slope", [0.5, 1.0, 2.0], label="slope", default=1.0)]
+    with caplog.at_level("WARNING", logger="matplotlib"):
+        explorer = page_explorer(grid, draw, label="t", figsize=(2, 2), dpi=50, image_format="png")
+    assert len(explorer.images) == 3
+    assert not [r for r in caplog.records if "Ignoring fixed" in r.getMessage()], caplog.text
