@@ -18,10 +18,14 @@
   function fitOne(box) {
     var holder = box.closest("div.math") || box.parentElement;
     if (box.dataset.fitSize === undefined) {
+      // MathJax sets its own scale on the container (an inline font-size such as 123.7%, matched
+      // to the text's x-height): kept, and restored before each measure, or the equation would be
+      // measured at the text's size and then set at MathJax's, wider than measured.
+      box.dataset.fitStyle = box.style.fontSize;
       box.dataset.fitSize = parseFloat(getComputedStyle(box).fontSize);
     }
     var size = Number(box.dataset.fitSize);
-    box.style.fontSize = "";
+    box.style.fontSize = box.dataset.fitStyle;
     holder.classList.remove("maths-scrolls");
     var number = holder.querySelector(".eqno");
     var beside = number && getComputedStyle(holder).flexDirection.indexOf("row") === 0;
