@@ -257,8 +257,10 @@ def flash_attention(
 
     .. math::
 
-        o_i = \sum_j p_{ij} v_j,\qquad p_{ij} = [(\alpha-1)s_{ij} - \tau_i]_+^{1/(\alpha-1)},\qquad
+        \begin{gathered}
+        o_i = \sum_j p_{ij} v_j,\qquad p_{ij} = [(\alpha-1)s_{ij} - \tau_i]_+^{1/(\alpha-1)},\\
         s_{ij} = \mathrm{scale}\,\langle q_i, k_j\rangle ,
+        \end{gathered}
 
     with the threshold :math:`\tau_i` fixed by :math:`\sum_j p_{ij} = 1` (:math:`\alpha = 1` is the
     softmax :math:`p_{ij}\propto e^{s_{ij}}`, :math:`\alpha=2` sparsemax, :math:`\alpha=1.5`

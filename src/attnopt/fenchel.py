@@ -87,9 +87,11 @@ def generalized_attention(z, templates, u=None, alpha=1.0) -> tuple[torch.Tensor
 
     .. math::
 
-        \hat h=\sum_{i=1}^n p_i t_i,\qquad
-        p_i=\frac{u_i\,e^{\alpha\langle t_i,z\rangle}}{\sum_j u_j\,e^{\alpha\langle t_j,z\rangle}}
+        \begin{aligned}
+        \hat h&=\sum_{i=1}^n p_i t_i,\\
+        p_i&=\frac{u_i\,e^{\alpha\langle t_i,z\rangle}}{\sum_j u_j\,e^{\alpha\langle t_j,z\rangle}}
         =\operatorname{softmax}_i\big(\log u_i+\alpha\langle t_i,z\rangle\big),
+        \end{aligned}
 
     the estimate of eq. (12) with :math:`\lambda^*` replaced by its small-:math:`\alpha`
     approximation :math:`\alpha z` (eq. 16).
@@ -571,8 +573,11 @@ def ot_dual_objective(lam, b, templates, u=None, cost=None, alpha=1.0, gamma=1.0
 
     .. math::
 
-        D_\gamma(\lambda)=\langle\lambda,b\rangle-\frac{1}{2\alpha}\lVert\lambda\rVert^2
-        -\gamma\Big(H(u)+\sum_j u_j\log\sum_i e^{(\langle t_i,\lambda\rangle-M_{ij})/\gamma}\Big),
+        \begin{aligned}
+        D_\gamma(\lambda)&=\langle\lambda,b\rangle-\frac{1}{2\alpha}\lVert\lambda\rVert^2\\
+        &\quad{}-\gamma\Big(H(u)
+        +\sum_j u_j\log\sum_i e^{(\langle t_i,\lambda\rangle-M_{ij})/\gamma}\Big),
+        \end{aligned}
 
     with :math:`b=\tilde\mu+z`; the constant :math:`\gamma H(u)` (dropped in eq. 39) is kept so that
     the value equals the primal optimum (strong duality).

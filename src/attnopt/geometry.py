@@ -299,8 +299,11 @@ def reinforce_estimate(
 
     .. math::
 
+        \begin{gathered}
         \hat g = \frac1K\sum_{k=1}^K \big(u_{j_k} - b\big)\,\frac{e_{j_k}-p}{\tau},\qquad
-        j_k\sim p,\qquad b = \mathbb E_p[u] \text{ (baseline) or } 0 ,
+        j_k\sim p,\\
+        b = \mathbb E_p[u] \text{ (baseline) or } 0 ,
+        \end{gathered}
 
     using :math:`\nabla_s\log p_j = (e_j-p)/\tau`.  Both choices of :math:`b` are unbiased; the
     baseline is the variance reduction that Litman (2025) says backpropagation performs exactly.

@@ -357,8 +357,10 @@ def attention_inputs(model, tokenizer, sentences, *, targets=None, part="encoder
 
     .. math::
 
-        t_i=\frac{x_i}{\sqrt{d'}},\qquad z_k^h=W_K^{h\top}\big(W_Q^hx_k+b_Q^h\big),\qquad
+        \begin{gathered}
+        t_i=\frac{x_i}{\sqrt{d'}},\qquad z_k^h=W_K^{h\top}\big(W_Q^hx_k+b_Q^h\big),\\
         u_{ki}\propto\mathbf 1[i\text{ not padding}],
+        \end{gathered}
 
     so that :math:`\operatorname{softmax}_i(\log u_{ki}+\langle t_i,z_k^h\rangle)` equals the model's
     attention probabilities (the key bias adds a per-query constant to the scores, which the softmax

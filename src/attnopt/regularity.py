@@ -249,8 +249,11 @@ def lipschitz_bound(*, lip_first: float, epsilon: float, diameter: float, dim: i
 
     .. math::
 
-        \|\mathrm{Att}(q_1)-\mathrm{Att}(q_2)\|_2\le d^{3/2}\,\|\ell\|_{\mathrm{Lip}}\,
+        \begin{aligned}
+        &\|\mathrm{Att}(q_1)-\mathrm{Att}(q_2)\|_2\\
+        &\quad\le d^{3/2}\,\|\ell\|_{\mathrm{Lip}}\,
         \frac{2\|G\|_{\mathrm{Lip},\infty}\operatorname{diam}(E)}{\epsilon(G)}\,\|q_1-q_2\|_2
+        \end{aligned}
 
     (the :math:`\ell_1` estimate :math:`d\,K_\ell\,2\|G\|_{\mathrm{Lip},\infty}\operatorname{diam}(E)/\epsilon(G)`
     times :math:`\sqrt d` from :math:`\|x\|_1\le\sqrt d\|x\|_2`).
@@ -284,8 +287,10 @@ def neighbourhood_bound(*, lip_second: float, epsilon: float, diameter: float, d
 
     .. math::
 
-        \|\mathrm{Att}(x_t,X_{\mathcal N(t)})-\mathrm{Att}(x_t,X_{\hat{\mathcal N}(t)})\|_1
-        \le C\,\mathbb W_1\big(m(X_{\mathcal N(t)}),m(X_{\hat{\mathcal N}(t)})\big).
+        \begin{aligned}
+        &\|\mathrm{Att}(x_t,X_{\mathcal N(t)})-\mathrm{Att}(x_t,X_{\hat{\mathcal N}(t)})\|_1\\
+        &\quad\le C\,\mathbb W_1\big(m(X_{\mathcal N(t)}),m(X_{\hat{\mathcal N}(t)})\big).
+        \end{aligned}
 
     The printed constant is :math:`C_{\text{printed}}=d\,K_\ell\,2\|G(x_t,\bullet)\|_{\mathrm{Lip}}
     \operatorname{diam}(E)/\epsilon(G)`, which inherits the gap of Prop. 19 (see
@@ -340,7 +345,8 @@ def gaussian_potential_bound(*, dim: int, n: int, m: int | None = None, lookup_l
         \begin{aligned}
         \mathbb W_1(\mu\mathbf A_\mu,\nu\mathbf A_\nu)\le{}& 2\,\tau(\Pi)\,\tau(L)\,C\,
         \mathbb W_1(\mu,\nu),\\
-        C ={}& \sqrt d\,\sqrt{\ln\min(N,M)+\tfrac1{2e}}\;\|G\|_{\mathrm{Lip}}+\|G\|_\infty+\sqrt d+2
+        C ={}& \sqrt d\,\sqrt{\ln\min(N,M)+\tfrac1{2e}}\;\|G\|_{\mathrm{Lip}}\\
+        &\quad{}+\|G\|_\infty+\sqrt d+2
         \end{aligned}
 
     (Cor. 30 is :math:`N=M`); the bracket is the constant of Prop. 28.  **This is the printed

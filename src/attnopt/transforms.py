@@ -438,9 +438,11 @@ def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> to
 
     .. math::
 
-        p_j = \big[\tfrac{s_j}{2} - \lambda\big]_+^{2},\quad \textstyle\sum_j p_j = 1
-        \qquad = \arg\min_{p\in\Delta}\; -\langle s, p\rangle
+        \begin{aligned}
+        p_j &= \big[\tfrac{s_j}{2} - \lambda\big]_+^{2},\quad \textstyle\sum_j p_j = 1\\
+        &\qquad = \arg\min_{p\in\Delta}\; -\langle s, p\rangle
         + \tfrac{4}{3}\big(\textstyle\sum_j p_j^{3/2} - 1\big),
+        \end{aligned}
 
     the :math:`\alpha`-entmax case of Litman's (2025) "changing :math:`\Omega(p)`" (see :func:`entmax`
     for general :math:`\alpha`).  Exact (sort, Newton with certificate, or the fused Triton kernel,

@@ -438,8 +438,10 @@ def ridge_value_function(
 
     .. math::
 
-        B^\star = \arg\min_B \|BF - H\|_F^2 + \eta\|B\|_F^2
-                = H F^\top (FF^\top + \eta I_N)^{-1} \in \mathbb R^{d\times N}.
+        \begin{aligned}
+        B^\star &= \arg\min_B \|BF - H\|_F^2 + \eta\|B\|_F^2\\
+        &= H F^\top (FF^\top + \eta I_N)^{-1} \in \mathbb R^{d\times N}.
+        \end{aligned}
 
     With ``padding`` (footnote 2 of §6.2.2), the regression also sees the padding locations with
     target zero: their basis values enter :math:`FF^\top` but, their features being zero, only the
