@@ -392,8 +392,10 @@ def sparsemax(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> t
 
     .. math::
 
-        p_j = [s_j - \lambda]_+ ,\quad \textstyle\sum_j p_j = 1
-        \qquad = \arg\min_{p\in\Delta}\; -\langle s, p\rangle + \tfrac12\|p\|_2^2 ,
+        \begin{gathered}
+        p = \arg\min_{p\in\Delta}\; -\langle s, p\rangle + \tfrac12\|p\|_2^2 ,\\
+        p_j = [s_j - \lambda]_+ \quad\text{with } \lambda \text{ such that } \textstyle\sum_j p_j = 1,
+        \end{gathered}
 
     the "Sparsemax" row of the table of MTandHJ (2025) (its threshold, written :math:`\tau` there, is
     :math:`\lambda` here).  Exact: the threshold is found by sorting (``method="sort"``) or by
@@ -438,11 +440,12 @@ def entmax15(scores: torch.Tensor, dim: int = -1, *, method: str = "auto") -> to
 
     .. math::
 
-        \begin{aligned}
-        p_j &= \big[\tfrac{s_j}{2} - \lambda\big]_+^{2},\quad \textstyle\sum_j p_j = 1\\
-        &\qquad = \arg\min_{p\in\Delta}\; -\langle s, p\rangle
-        + \tfrac{4}{3}\big(\textstyle\sum_j p_j^{3/2} - 1\big),
-        \end{aligned}
+        \begin{gathered}
+        p = \arg\min_{p\in\Delta}\; -\langle s, p\rangle
+        + \tfrac{4}{3}\big(\textstyle\sum_j p_j^{3/2} - 1\big),\\
+        p_j = \big[\tfrac{s_j}{2} - \lambda\big]_+^{2} \quad\text{with } \lambda \text{ such that }
+        \textstyle\sum_j p_j = 1,
+        \end{gathered}
 
     the :math:`\alpha`-entmax case of Litman's (2025) "changing :math:`\Omega(p)`" (see :func:`entmax`
     for general :math:`\alpha`).  Exact (sort, Newton with certificate, or the fused Triton kernel,
