@@ -86,7 +86,10 @@ def bwrap_command(python: str, scratch: str, course: str | None) -> list[str]:
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap (`bwrap`) is not installed (Debian/Ubuntu: apt-get install bubblewrap)")
     args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--uid", "65534", "--gid", "65534", "--clearenv"]
+            "--uid", "65534", "--gid", "65534", "--clearenv",
+            # an empty /tmp first: the binds below go on top of it, so an environment that lives
+            # under /tmp (a CI checkout, a throwaway venv) is still there, and nothing else of /tmp
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     roots = []
     for path in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(path):
@@ -113,8 +116,7 @@ def bwrap_command(python: str, scratch: str, course: str | None) -> list[str]:
     for path in library_paths():  # an attnopt installed inside a folder the sandbox reads: hide it
         if any(_within(path, r) for r in roots):
             args += ["--tmpfs", path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--bind", scratch, SCRATCH, "--chdir", SCRATCH,
+    args += ["--bind", scratch, SCRATCH, "--chdir", SCRATCH,
              "--ro-bind", str(WORKER), "/grader/sandbox_worker.py",
              "--setenv", "HOME", SCRATCH, "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "OMP_NUM_THREADS", "1",
              "--setenv", "MPLBACKEND", "Agg",
