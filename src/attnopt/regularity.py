@@ -349,12 +349,13 @@ def gaussian_potential_bound(*, dim: int, n: int, m: int | None = None, lookup_l
         &\quad{}+\|G\|_\infty+\sqrt d+2
         \end{aligned}
 
-    (Cor. 30 is :math:`N=M`); the bracket is the constant of Prop. 28.  **This is the printed
-    formula, not a proven bound**: Prop. 28, on which the theorem's proof rests, is false as
-    stated (its proof applies a bound for probability measures to sums of mass :math:`N`; see the
-    test ``test_prop28_constant_is_exceeded_for_many_tokens`` and chapter 2 of the book).  No
-    measurement has exceeded the Thm. 29 constant itself, but treat it as a conjecture.  Here
-    :math:`\|G\|_\infty=1` and, for the :math:`\ell_1` metric on :math:`E\times E`,
+    (Cor. 30 is :math:`N=M`); :math:`C` is the constant :math:`C_N` of Prop. 28 at
+    :math:`\min(N,M)`.  **This is the printed formula, not a proven bound**: Prop. 28, on which the
+    theorem's proof rests, is false as stated (its proof applies a bound for probability measures
+    to sums of mass :math:`N`; see the test ``test_prop28_constant_is_exceeded_for_many_tokens``
+    and chapter 2 of the book).  No measurement has exceeded the Thm. 29 constant itself, but
+    treat it as a conjecture.  Here :math:`\|G\|_\infty=1` and, for the :math:`\ell_1` metric on
+    :math:`E\times E`,
     :math:`\|G\|_{\mathrm{Lip}}=\sup\|\nabla G\|_\infty=\sup_t 2te^{-t^2}=\sqrt{2/e}`.
 
     Args:
