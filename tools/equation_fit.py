@@ -34,16 +34,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import site_audit  # noqa: E402
 
+MATHS_FIT = Path(__file__).resolve().parent.parent / "book" / "assets" / "maths_fit.js"
+
+
+def _fit_limit(name: str) -> float:
+    """A limit of maths_fit.js, read from the script itself so that the two never disagree."""
+    m = re.search(rf"var {name} = ([0-9.]+);", MATHS_FIT.read_text(encoding="utf-8"))
+    if m is None:
+        raise RuntimeError(f"{MATHS_FIT} no longer defines {name}: update tools/equation_fit.py")
+    return float(m.group(1))
+
+
 #: maths_fit.js's limits: the smallest scale of an equation's size and the smallest font size.
-MIN_SCALE = 0.6
-MIN_PX = 11
+MIN_SCALE = _fit_limit("MIN_SCALE")
+MIN_PX = _fit_limit("MIN_PX")
 #: The room of an equation in the text of a phone's page (the article's column at 390 px).
 TEXT_ROOM = 358
 #: The page whose MathJax configuration and styles are used.
 HOST_PAGE = "book/ch3/regularizers.html"
 
-_DOLLAR_BLOCK = re.compile(r"^\$\$[ \t]*\n(.*?)\n\$\$(?:[ \t]*\(([^)]+)\))?[ \t]*$", re.S | re.M)
-_DOLLAR_LINE = re.compile(r"^\$\$(.+?)\$\$(?:[ \t]*\(([^)]+)\))?[ \t]*$", re.M)
+_DOLLAR_BLOCK = re.compile(r"^[ \t]*\$\$[ \t]*\n(.*?)\n[ \t]*\$\$(?:[ \t]*\(([^)]+)\))?[ \t]*$", re.S | re.M)
+_DOLLAR_LINE = re.compile(r"^[ \t]*\$\$(.+?)\$\$(?:[ \t]*\(([^)]+)\))?[ \t]*$", re.M)
 _MATH_DIRECTIVE = re.compile(r"^(`{3,}|:{3,})\{math\}[^\n]*\n(.*?)^\1[ \t]*$", re.S | re.M)
 _RST_MATH = re.compile(r"^([ \t]*)\.\. math::[ \t]*\n((?:\1[ \t]+[^\n]*\n|[ \t]*\n)+)", re.M)
 
@@ -83,7 +94,6 @@ def equations_in(path: Path) -> list[dict]:
             lines = [line.strip() for line in m.group(2).splitlines()]
             label = next((line.split(":", 2)[2].strip() for line in lines if line.startswith(":label:")), "")
             tex = "\n".join(line for line in lines if line and not re.match(r"^:\w+:", line))
-            # a docstring that is not raw doubles its backslashes
             found.append({"where": f"{path}:{_line(text, m.start())}", "label": label, "tex": tex})
         return found
     return _from_markdown(text, str(path))
