@@ -208,7 +208,9 @@ def test_nan_gradient_at_a_forbidden_key():
             terms = torch.where(finite, p * cost + eps * p * torch.log(p), torch.zeros_like(p))
             return terms.sum(-1)
     """)
-    assert "forbidden key" in message and "nan" in message and "torch.logsumexp" in message, message
+    assert "forbidden key" in message and "nan" in message and "closed form" in message, message
+    # the hint points the way without handing over the code (issue 28)
+    assert "torch." not in message and "logsumexp" not in message, message
 
 
 def test_nan_value_at_a_forbidden_key():
