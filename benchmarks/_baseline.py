@@ -23,7 +23,9 @@ def load_commit(commit: str, module: str):
     pkg = Path(tempfile.mkdtemp()) / f"attnopt_{commit[:8]}"
     pkg.mkdir()
     for path in git("ls-tree", "-r", "--name-only", commit, "src/attnopt/").split():
-        if path.endswith(".py") and path.count("/") == 2:  # the package's own modules
-            (pkg / Path(path).name).write_text(git("show", f"{commit}:{path}"))
+        if path.endswith(".py"):  # the package's modules, in its folders (issue 29) or flat (before)
+            target = pkg / Path(path).relative_to("src/attnopt")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(git("show", f"{commit}:{path}"))
     sys.path.insert(0, str(pkg.parent))
     return importlib.import_module(f"{pkg.name}.{module}")

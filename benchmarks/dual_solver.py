@@ -33,7 +33,7 @@ import time
 
 import torch
 
-import attnopt._fenchel_solvers as solvers
+import attnopt.fenchel._solvers as solvers
 from attnopt.fenchel import relative_deviation, solve_dual
 
 

@@ -15,7 +15,7 @@ import inspect, sys
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from attnopt import _attention_flash as F
+from attnopt.transforms import _flash as F
 
 DATA = ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV")
 

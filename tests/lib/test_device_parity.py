@@ -26,7 +26,7 @@ from attnopt import regularity as R
 from attnopt import transforms as T
 from attnopt import value_functions as VF
 from attnopt import vqa, vqa_data
-from attnopt._transforms_sinkhorn import sinkhorn_plan
+from attnopt.transforms._sinkhorn import sinkhorn_plan
 from hot_paths import forward_backward, hot_paths
 
 DEVICE = os.environ.get("ATTNOPT_PARITY_DEVICE", "cuda")

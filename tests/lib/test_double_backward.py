@@ -61,7 +61,7 @@ def _spd(seed):
 
 def _triton_kernels():
     """entmax15 through the Triton kernels, or a skip where they cannot run (no Triton, no interpreter)."""
-    from attnopt import _transforms_triton as K
+    from attnopt.transforms import _triton as K
 
     if not (K.available() and K.usable_on(torch.zeros(1))):
         pytest.skip("the Triton kernels need Triton and, on the CPU, TRITON_INTERPRET=1")
@@ -77,39 +77,39 @@ class Case(NamedTuple):
 CASES: dict[str, Case] = {
     # chapter 3: Sinkhorn (differentiable once: the unrolled reverse pass is written by hand, the
     # implicit one solves at the saved plan)
-    "attnopt._transforms_sinkhorn.SinkhornUnrolledFunction": Case(
+    "attnopt.transforms._sinkhorn.SinkhornUnrolledFunction": Case(
         lambda s: T.sinkhorn_attention(s, 0.7, 12, tol=None), lambda: (_rand(3, 4, seed=1),), REFUSED),
-    "attnopt._transforms_sinkhorn.SinkhornImplicitFunction": Case(
+    "attnopt.transforms._sinkhorn.SinkhornImplicitFunction": Case(
         lambda s: T.sinkhorn_attention(s, 0.7, 12, tol=None, grad="implicit"), lambda: (_rand(3, 4, seed=2),), REFUSED),
     # the generic one-sided solver: implicit gradient, Omega'' kept differentiable
-    "attnopt._transforms_one_sided.OneSidedEOTFunction": Case(
+    "attnopt.transforms._one_sided.OneSidedEOTFunction": Case(
         lambda c: T.one_sided_eot(c, 0.5, "tsallis", alpha=1.5), lambda: (_rand(2, 5, seed=3),), CORRECT),
     # softmax and the entmaxes: backward passes written in differentiable torch ops
-    "attnopt._transforms_thresholds.SoftmaxFunction": Case(
+    "attnopt.transforms._thresholds.SoftmaxFunction": Case(
         lambda s: T.softmax(s), lambda: (_rand(2, 5, seed=4),), CORRECT),
-    "attnopt._transforms_thresholds.SparseEntmaxFunction": Case(
+    "attnopt.transforms._thresholds.SparseEntmaxFunction": Case(
         lambda s: T.entmax15(s), lambda: (_rand(2, 6, seed=5),), CORRECT),
-    "attnopt._transforms_thresholds.EntmaxBisectFunction": Case(
+    "attnopt.transforms._thresholds.EntmaxBisectFunction": Case(
         lambda s: T.entmax(s, 1.7), lambda: (_rand(2, 6, seed=6),), CORRECT),
     # the fused Triton kernels (on the CPU through the interpreter; tests/lib/conftest.py): the
     # backward under create_graph=True is the differentiable torch one
-    "attnopt._transforms_triton.TritonRowFunction": Case(
+    "attnopt.transforms._triton.TritonRowFunction": Case(
         lambda s: _triton_kernels()(s, method="triton"), lambda: (_rand(2, 6, seed=12),), CORRECT),
     # flash attention's kernels (through the interpreter on the CPU): first derivatives only, the
     # second refused by once_differentiable (the dense path has exact second derivatives)
-    "attnopt._attention_flash.FlashAttentionFunction": Case(
+    "attnopt.transforms._flash.FlashAttentionFunction": Case(
         lambda q, k, v: (_triton_kernels(), A.flash_attention(q, k, v, alpha=1.5, method="triton"))[1],
         lambda: (_rand(5, 3, seed=16), _rand(6, 3, seed=17), _rand(6, 2, seed=18)), REFUSED),
     # chapter 4: continuous softmax and sparsemax, closed-form moments with hand-written backwards
-    "attnopt._continuous_softmax.ContinuousSoftmaxFn": Case(
+    "attnopt.continuous._softmax.ContinuousSoftmaxFn": Case(
         lambda m, S: C.continuous_softmax(m, S, _basis()), lambda: (0.5 + 0.1 * _rand(2, 2, seed=7), _spd(8)), REFUSED),
-    "attnopt._continuous_sparsemax.ContinuousSparsemaxFn": Case(
+    "attnopt.continuous._sparsemax.ContinuousSparsemaxFn": Case(
         lambda m, S: C.continuous_sparsemax(m, S, _basis()), lambda: (0.5 + 0.1 * _rand(2, 2, seed=9), _spd(10)), REFUSED),
 }
 # Abstract bases, never applied themselves: covered through the subclasses named.
 BASES = {
-    "attnopt._transforms_thresholds._TsallisBackward": ("attnopt._transforms_thresholds.SparseEntmaxFunction",
-                                                        "attnopt._transforms_thresholds.EntmaxBisectFunction"),
+    "attnopt.transforms._thresholds._TsallisBackward": ("attnopt.transforms._thresholds.SparseEntmaxFunction",
+                                                        "attnopt.transforms._thresholds.EntmaxBisectFunction"),
 }
 # The refusal itself (attnopt._numerics.differentiable_once): its backward always raises.
 REFUSALS = {"attnopt._numerics._SecondDerivativeRefused"}

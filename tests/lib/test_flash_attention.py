@@ -31,7 +31,7 @@ import attnopt  # noqa: E402
 from attnopt import transforms  # noqa: E402
 from attnopt.attention import _flash_attention, attention_weights, flash_attention  # noqa: E402
 
-from attnopt import _attention_flash as flash  # noqa: E402
+from attnopt.transforms import _flash as flash  # noqa: E402
 
 if not CUDA and not isinstance(flash._max_kernel, triton.runtime.interpreter.InterpretedFunction):
     # Imported before this module set the variable: decorate the kernels again, interpreted.

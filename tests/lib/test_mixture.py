@@ -394,7 +394,7 @@ def test_module_precomputed_ridge_operator_matches_ridge_value_function(dtype, p
 def test_gaussian_log_prob_2d_closed_form_matches_scipy(seed):
     from scipy import stats
 
-    from attnopt._mixture_em import gaussian_log_prob as _gaussian_log_prob
+    from attnopt.continuous._mixture_em import gaussian_log_prob as _gaussian_log_prob
 
     x = _blobs(seed)
     init = _random_init(x, 3, seed)
@@ -572,7 +572,7 @@ def test_random_seeds_are_drawn_in_proportion_to_the_weights(rule):
     """Regression: the Gumbel noise of the seeding was NaN, so every seed was location 0 and the
     "random"/"kmeans++" initializations were neither.  The first seed of both rules is a draw from w
     (Gumbel-max): over many examples its frequencies are w; the seeds of an example are distinct."""
-    from attnopt._mixture_em import seed_kmeanspp as _seed_kmeanspp, seed_random as _seed_random
+    from attnopt.continuous._mixture_em import seed_kmeanspp as _seed_kmeanspp, seed_random as _seed_random
 
     seed_fn = _seed_random if rule == "random" else _seed_kmeanspp
     w = torch.tensor([0.0, 0.1, 0.2, 0.3, 0.4], dtype=F64)

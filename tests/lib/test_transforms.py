@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import attnopt
 from attnopt import transforms as T
-from attnopt._transforms_sinkhorn import rows_to_attention, sinkhorn_plan
-from attnopt._transforms_thresholds import safe_max, threshold_newton, threshold_sort
+from attnopt.transforms._sinkhorn import rows_to_attention, sinkhorn_plan
+from attnopt.transforms._thresholds import safe_max, threshold_newton, threshold_sort
 
 NEG_INF = float("-inf")
 ALPHAS = [1.25, 1.5, 2.0, 3.0]
@@ -316,7 +316,7 @@ def test_residual_certificate_catches_a_threshold_off_in_its_last_digits(monkeyp
     # they are): the result must still be exact (those rows are sorted again).  Two spoils: a
     # relative 1e-6 (the support stays right) and a threshold pushed above every score (no
     # support at all, which must not pass for a dead row).
-    from attnopt import _transforms_thresholds as TT
+    from attnopt.transforms import _thresholds as TT
 
     true_newton = TT.threshold_newton
     x = torch.zeros(2, 5000, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""The fused Triton row kernels (attnopt._transforms_triton, issue #30) against the exact paths.
+"""The fused Triton row kernels (attnopt.transforms._triton, issue #30) against the exact paths.
 
 Without a GPU the kernels run on the CPU through Triton's interpreter: tests/lib/conftest.py sets
 ``TRITON_INTERPRET=1`` when CUDA is absent, before anything builds the kernels (they are built at
@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from attnopt import _transforms_triton as K
+from attnopt.transforms import _triton as K
 from attnopt import transforms as T
 from test_transforms import SPREADS, assert_exact, entmax_reference, exact_sparse
 
@@ -377,7 +377,7 @@ COMPILE_SM90 = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from attnopt import _transforms_triton as K
+from attnopt.transforms import _triton as K
 
 fwd, bwd = K._kernels()
 common = {"n_rows": "i32", "n_cols": "i32", "scale_hi": "fp32", "scale_lo": "fp32", "alpha_hi": "fp32",

@@ -15,7 +15,8 @@ from dataclasses import fields
 import pytest
 import torch
 
-from attnopt import _vqa_scenes, vqa, vqa_data
+from attnopt import vqa, vqa_data
+from attnopt.course import _vqa_scenes
 from attnopt.mixture import select_components
 from attnopt.value_functions import grid_locations
 

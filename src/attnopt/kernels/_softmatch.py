@@ -1,0 +1,101 @@
+r"""The engine of the softmatch kernel of :mod:`attnopt.kernels`: similarities, their softmax, sums over atoms.
+
+A measure here is anything with ``points (..., N, d)``, ``weights (..., N)``, ``batch_shape`` and
+``_uniform`` (an :class:`attnopt.kernels.EmpiricalMeasure`).  The similarities :math:`a(q,k)` are
+formed without intermediate overflow: a shrinking scale multiplies both factors by its square root
+before the product (as PyTorch's reference SDPA does), and the Gaussian one is computed in
+coordinates centred at the keys' mean, so that translating queries and keys together changes
+nothing.
+
+References:
+    Vuckovic, Baratin and Tachet des Combes (2020), *A Mathematical Theory of Attention*, Defs. 3–4
+    (the Boltzmann-Gibbs transformation and the softmatch kernel), Thm. 29 (the Gaussian potential).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Union
+
+import torch
+
+from ._checks import queries_arg
+from .._numerics import log_or_neg_inf
+from .._validation import (
+    as_float_tensor,
+    check_finite,
+    check_no_overflow,
+    check_positive,
+    check_same_device,
+    check_same_dtype,
+    require,
+)
+
+#: A similarity: ``"dot"``, ``"gaussian"`` or a callable ``(queries, keys) -> (..., M, N)``.
+Similarity = Union[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+
+
+def weighted_sum(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``sum_i w[..., i] * values[..., i, :]`` without materialising a broadcast copy of ``values``.
+
+    When ``values`` has a singleton dimension just before the atoms (one support shared by the
+    rows of a kernel), the sum is a plain matrix product.
+    """
+    if values.ndim >= 3 and values.shape[-3] == 1 and weights.ndim >= 2:
+        return torch.matmul(weights, values.squeeze(-3))
+    return torch.matmul(weights.unsqueeze(-2), values).squeeze(-2)
+
+
+def similarity_logits(queries: torch.Tensor, keys: torch.Tensor, similarity: Similarity, scale, q_name: str,
+                      k_name: str) -> torch.Tensor:
+    """Log-potential matrix a(q_i, k_j), shape (..., M, N), finite (or -inf from a callable)."""
+    if callable(similarity):
+        name = "similarity(queries, keys)"
+        out = as_float_tensor(similarity(queries, keys), name, min_ndim=2)
+        check_same_dtype(out, name, queries, q_name)
+        check_same_device(out, name, queries, q_name)
+        if out.shape[-2:] != (queries.shape[-2], keys.shape[-2]):
+            raise ValueError(f"{name} must have shape (..., {queries.shape[-2]}, {keys.shape[-2]}); got {tuple(out.shape)}")
+        check_finite(out, name, allow_neg_inf=True)
+        return out
+    if not isinstance(similarity, str):
+        raise TypeError(f"similarity must be 'dot', 'gaussian' or a callable; got {type(similarity).__name__}")
+    if similarity == "dot":
+        s = 1.0 / math.sqrt(queries.shape[-1]) if scale is None else check_positive(scale, "scale")
+        # no intermediate overflow: a shrinking s scales both factors by sqrt(s) before the product (as
+        # PyTorch's reference SDPA does; s itself may be below the smallest float32), a growing one the product
+        root = math.sqrt(s)
+        logits = (queries * root) @ (keys * root).mT if s < 1.0 else s * (queries @ keys.mT)
+        what = f"scale * <{q_name}, {k_name}>"
+    elif similarity == "gaussian":
+        s = 1.0 if scale is None else check_positive(scale, "scale")
+        # -s|q - k|^2 = s(2<q, k> - |k|^2) - s|q|^2; the last term is constant along a row of the kernel and
+        # cancels in the normalisation, so it is dropped (exactly).  Both sides are first moved by the keys'
+        # mean (which leaves |q - k| unchanged and the kernel exactly the same, so it is detached): far from
+        # the origin |q - k|^2 would otherwise be lost to cancellation against |q|^2 and |k|^2.  sqrt(s)
+        # scales both factors before the product.
+        centre = keys.detach().mean(dim=-2, keepdim=True)
+        root = math.sqrt(s)
+        qc, kc = (queries - centre) * root, (keys - centre) * root
+        logits = 2.0 * (qc @ kc.mT) - kc.pow(2).sum(-1).unsqueeze(-2)
+        what = f"scale * |{q_name} - {k_name}|^2"
+    else:
+        raise ValueError(f"similarity must be 'dot', 'gaussian' or a callable; got {similarity!r}")
+    check_no_overflow(logits, f"the similarities {what}", f"{q_name}, {k_name} or scale")
+    return logits
+
+
+def softmatch_weights(queries, mu, similarity: Similarity, scale, q_name: str, k_name: str) -> torch.Tensor:
+    """The softmatch matrix :math:`P_{ij}\\propto w_je^{a(q_i,k_j)}`, the arguments named as the caller's user wrote them."""
+    queries = queries_arg(queries, mu, q_name, k_name, same_dim=not callable(similarity))
+    logits = similarity_logits(queries, mu.points, similarity, scale, q_name, k_name)
+    if not mu._uniform:  # uniform weights shift every logit of a row equally: no effect
+        logits = logits + log_or_neg_inf(mu.weights).unsqueeze(-2)
+    if callable(similarity) or not mu._uniform:
+        # a named similarity is finite and some weight positive: only a callable can leave a row empty
+        require(
+            (logits > float("-inf")).any(dim=-1).all(),
+            "similarity(queries, keys) is -inf on every key of positive weight for some query: "
+            "Psi_G(mu) needs mu(G(q, .)) > 0",
+        )
+    return torch.softmax(logits, dim=-1)
