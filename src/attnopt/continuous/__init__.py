@@ -55,7 +55,7 @@ import math
 import torch
 
 from ._checks import mean_scale_args, quadrature_args
-from ._paraboloid import gaussian_const as _gaussian_const, paraboloid_scale as _paraboloid_scale
+from ._moments import gaussian_const as _gaussian_const, match_moments as _match_moments, paraboloid_scale as _paraboloid_scale
 from ._softmax import softmax_flat
 from ._sparsemax import Rule, sparsemax_from_S, sparsemax_moments
 from .._numerics import compute_dtype, symmetric_part
@@ -215,14 +215,6 @@ def moment_match(
         require((total > 0).all(), "weights must have a positive sum along the last dimension")
     mu, var = _match_moments(weights / total, locations)
     return (mu, var) if family == "gaussian" else (mu, _paraboloid_scale(var))
-
-
-def _match_moments(p: torch.Tensor, locations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and covariance of the discrete distribution ``p`` (``(..., L)``, normalized) on ``locations``."""
-    mu = torch.einsum("...l,...ld->...d", p, locations)
-    centred = locations - mu.unsqueeze(-2)
-    var = torch.einsum("...l,...ld,...le->...de", p, centred, centred)
-    return mu, symmetric_part(var)
 
 
 def continuous_density(t: torch.Tensor, mu: torch.Tensor, Sigma: torch.Tensor, family: str = "gaussian") -> torch.Tensor:

@@ -33,9 +33,11 @@ import torch
 
 from ._explore_checks import float_arg, grid_arg
 from ._explore_clusters import count_clusters
+from .._numerics import log_or_neg_inf
 from .._validation import (
     broadcast_shapes,
     check_choice,
+    check_no_overflow,
     check_int,
     check_number,
     check_positive,
@@ -44,11 +46,15 @@ from .._validation import (
     check_spd,
 )
 from ..continuous import continuous_density, continuous_softmax
-from ..continuous._paraboloid import paraboloid_scale
-from ..continuous import continuous_sparsemax, moment_match
-from ..fenchel import generalized_attention, solve_dual
-from ..kernels import attention_kernel, self_attention_flow
+from ..continuous._moments import match_moments, paraboloid_scale
+from ..continuous import continuous_sparsemax
+from ..fenchel._solvers import KLFamily, generalized_weights
+from ..fenchel._solvers import solve as fenchel_solve
+from ..kernels import self_attention_flow
+from ..kernels._softmatch import kernel_logits
 from ..transforms import alibi_log_prior, entmax, one_sided_eot, softmax, sparsemax
+from ..transforms._one_sided import one_sided_plan
+from ..transforms._thresholds import softmax_last
 from ..continuous.value_functions import GaussianRBF, ridge_value_function
 
 __all__ = [
@@ -182,12 +188,16 @@ def preference_view(templates, u, z, alpha, *, alpha_grid=None, tol: float | Non
     # The chosen alpha first, then the grid: one batched solve at reliability 1 on scaled data.
     alphas = torch.cat([grid.new_tensor([alpha]), grid])
     root = alphas.sqrt().reshape(-1, *([1] * (len(batch) + 1)))
-    lam = solve_dual(root * b, root.unsqueeze(-1) * T, u, 1.0, tol=tol)
-    exact_weights = generalized_attention(lam, root.unsqueeze(-1) * T, u, 1.0)[1]
+    # The fenchel view's engines on the tensors checked above (issue 29: nothing checked twice),
+    # every vector with its query axis (..., 1, d) and u laid out like the weights (..., 1, n).
+    T_scaled = root.unsqueeze(-1) * T
+    uq, log_uq = u.unsqueeze(-2), log_or_neg_inf(u).unsqueeze(-2)
+    lam = fenchel_solve((root * b).unsqueeze(-2), T_scaled, KLFamily(uq), 1.0, tol, 100, "auto", "preference_view")
+    exact_weights = generalized_weights(lam, T_scaled, 1.0, log_uq, "lam").squeeze(-2)
     exact = (exact_weights.unsqueeze(-2) @ T).squeeze(-2)
     # eq. (18): only alpha * <t_i, z> enters the weights, so (alpha * z, 1) = (z, alpha)
     T_all = T.expand(len(alphas), *T.shape)
-    closed_weights = generalized_attention(root.square() * z, T_all, u, 1.0)[1]
+    closed_weights = generalized_weights((root.square() * z).unsqueeze(-2), T_all, 1.0, log_uq, "z").squeeze(-2)
     closed = (closed_weights.unsqueeze(-2) @ T).squeeze(-2)
     errors = (exact - closed).norm(dim=-1)
     return PreferenceView(
@@ -667,18 +677,23 @@ def four_views(query, keys, tau, *, regularizer: str = "entropy", absent: int | 
     q, K = q.expand(*batch, d), K.expand(*batch, m, d)
     like = dict(dtype=q.dtype, device=q.device)
 
+    # Each view through its own engine, on the tensors checked above or built here: nothing is
+    # checked twice (issue 29).  The only data checks past the inputs' are each view's guard that
+    # its scores do not overflow.
+    alpha = 1.0 / (tau * math.sqrt(d))
     scores = (K @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(d)
-    sdpa = softmax(scores, tau)
-    u = torch.ones(m, **like)
+    check_no_overflow(scores, "the scores <query, k_j> / sqrt(d)", "query or keys")
+    sdpa = softmax_last(scores, tau)
+    log_u = torch.zeros(m, **like)
     if absent is not None:
-        u[absent] = 0.0
-    u = u / u.sum()
-    fenchel = generalized_attention(q, K, u, alpha=1.0 / (tau * math.sqrt(d)))[1]
-    kernel = attention_kernel(q.unsqueeze(-2), K, key_weights=u.expand(*batch, m), scale=1.0 / (tau * math.sqrt(d)))[1]
-    kernel = kernel.squeeze(-2)
-    transport = one_sided_eot(-scores, eps=tau, regularizer=regularizer, alpha=1.5)
+        log_u[absent] = float("-inf")
+    log_u = log_u - torch.logsumexp(log_u, dim=-1)  # u uniform over the keys present
+    q1 = q.unsqueeze(-2)  # one query per batch entry
+    fenchel = generalized_weights(q1, K, alpha, log_u, "query").squeeze(-2)
+    kernel = torch.softmax(kernel_logits(q1, K, log_u.exp(), "dot", alpha, "query", "keys"), dim=-1).squeeze(-2)
+    transport = one_sided_plan(-scores.to(torch.float64), tau, regularizer, alpha=1.5).to(q.dtype)
     locations = torch.linspace(0.0, 1.0, m, **like).unsqueeze(-1)
-    mean, variance = moment_match(sdpa, locations)
+    mean, variance = match_moments(sdpa, locations)
     gaps = torch.stack([(view - sdpa).abs().amax(-1) for view in (fenchel, kernel, transport)])
     return FourViews(
         sdpa=sdpa,

@@ -58,7 +58,7 @@ from ._checks import (
     true_preference_args,
     vector_arg,
 )
-from ._solvers import KLFamily, estimate, gaussian_lambda, scores, solve, true_preference_weights
+from ._solvers import KLFamily, estimate, gaussian_lambda, generalized_weights, scores, solve, true_preference_weights
 from .._numerics import log_or_neg_inf
 from .._validation import all_finite, broadcast_shapes, check_positive, require
 
@@ -151,11 +151,10 @@ def generalized_attention(z, templates, u=None, alpha=1.0) -> tuple[torch.Tensor
     zq, single = vector_arg(z, "z", T)
     alpha = check_positive(alpha, "alpha")
     uq = preference_arg(u, T, single)
-    s = scores(zq, T, alpha, "z")
     if uq is not None:
-        broadcast_shapes(**{"the weights of z and templates": s.shape, "u": uq.shape})
-        s = s + log_or_neg_inf(uq)
-    weights = torch.softmax(s, dim=-1)
+        weights_shape = torch.broadcast_shapes(zq.shape[:-2], T.shape[:-2]) + (zq.shape[-2], T.shape[-2])
+        broadcast_shapes(**{"the weights of z and templates": weights_shape, "u": uq.shape})
+    weights = generalized_weights(zq, T, alpha, None if uq is None else log_or_neg_inf(uq), "z")
     return estimate(weights, T, single)
 
 

@@ -83,6 +83,14 @@ def scores(x: torch.Tensor, T: torch.Tensor, alpha: float | None, x_name: str) -
     return s
 
 
+def generalized_weights(x: torch.Tensor, T: torch.Tensor, alpha: float, log_u: torch.Tensor | None,
+                        x_name: str = "z") -> torch.Tensor:
+    r"""The weights :math:`p_i\propto u_ie^{\alpha\langle x,t_i\rangle}` of generalized attention (eq. 18),
+    on checked arguments (``log_u=None``: uniform :math:`u`)."""
+    s = scores(x, T, alpha, x_name)
+    return torch.softmax(s if log_u is None else s + log_u, dim=-1)
+
+
 def estimate(weights: torch.Tensor, T: torch.Tensor, single: bool) -> tuple[torch.Tensor, torch.Tensor]:
     r"""``(h, weights)``, :math:`\hat h=\sum_ip_it_i` (eq. 12), without the query axis when ``single``."""
     h = weights @ T

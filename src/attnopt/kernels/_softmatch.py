@@ -85,12 +85,19 @@ def similarity_logits(queries: torch.Tensor, keys: torch.Tensor, similarity: Sim
     return logits
 
 
+def kernel_logits(queries: torch.Tensor, points: torch.Tensor, weights: torch.Tensor | None, similarity: Similarity,
+                  scale, q_name: str, k_name: str) -> torch.Tensor:
+    r"""The logits :math:`a(q_i,k_j)+\log w_j` of the softmatch kernel (``weights=None``: uniform, no
+    shift), on checked queries and key measure."""
+    logits = similarity_logits(queries, points, similarity, scale, q_name, k_name)
+    return logits if weights is None else logits + log_or_neg_inf(weights).unsqueeze(-2)
+
+
 def softmatch_weights(queries, mu, similarity: Similarity, scale, q_name: str, k_name: str) -> torch.Tensor:
     """The softmatch matrix :math:`P_{ij}\\propto w_je^{a(q_i,k_j)}`, the arguments named as the caller's user wrote them."""
     queries = queries_arg(queries, mu, q_name, k_name, same_dim=not callable(similarity))
-    logits = similarity_logits(queries, mu.points, similarity, scale, q_name, k_name)
-    if not mu._uniform:  # uniform weights shift every logit of a row equally: no effect
-        logits = logits + log_or_neg_inf(mu.weights).unsqueeze(-2)
+    # uniform weights shift every logit of a row equally: no effect
+    logits = kernel_logits(queries, mu.points, None if mu._uniform else mu.weights, similarity, scale, q_name, k_name)
     if callable(similarity) or not mu._uniform:
         # a named similarity is finite and some weight positive: only a callable can leave a row empty
         require(
@@ -99,3 +106,23 @@ def softmatch_weights(queries, mu, similarity: Similarity, scale, q_name: str, k
             "Psi_G(mu) needs mu(G(q, .)) > 0",
         )
     return torch.softmax(logits, dim=-1)
+
+
+def attend(queries: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | None, values: torch.Tensor,
+           similarity: Similarity, scale, q_name: str, k_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Attention on checked tensors: the softmatch kernel :math:`P_{ij}\propto w_je^{a(q_i,k_j)}` of
+    ``keys`` (weights ``weights``, ``None``: uniform) and the means :math:`\sum_jP_{ij}v_j` of
+    ``values`` ``(..., N, e)``; returns ``(means (..., M, e), kernel (..., M, N))``.
+
+    The logits' overflow guard runs here (scores formed from finite tensors may still overflow),
+    and so does the check of a callable similarity's output, which is the user's data; the
+    queries, keys, values and weights are not checked again."""
+    logits = kernel_logits(queries, keys, weights, similarity, scale, q_name, k_name)
+    if callable(similarity):  # a named similarity is finite, and a weight vector has some positive entry
+        require(
+            (logits > float("-inf")).any(dim=-1).all(),
+            "similarity(queries, keys) is -inf on every key of positive weight for some query: "
+            "Psi_G(mu) needs mu(G(q, .)) > 0",
+        )
+    kernel = torch.softmax(logits, dim=-1)
+    return weighted_sum(kernel, values.unsqueeze(-3)), kernel

@@ -53,7 +53,7 @@ import torch
 from .._numerics import log_or_neg_inf
 from .._optional import require as optional_require
 from . import _triton as K  # torch only: Triton itself is imported at first use
-from ._one_sided import OneSidedEOTFunction, regularizer_gradient
+from ._one_sided import one_sided_plan
 from ._rows import empty_result as _empty_result, from_last as _from_last, to_last as _to_last, work_dtype as _work_dtype
 from ._sinkhorn import SinkhornResult
 from ._thresholds import (
@@ -62,6 +62,7 @@ from ._thresholds import (
     SparseEntmaxFunction,
     bisect_iterations,
     safe_max,
+    softmax_last,
 )
 from ._two_sided import sinkhorn_attention
 from .._validation import (
@@ -198,12 +199,7 @@ def softmax(scores: torch.Tensor, tau: float = 1.0, dim: int = -1, *, method: st
     check_finite(x, "scores", allow_neg_inf=True)
     if x.numel() == 0:
         return _empty_result(x)
-    z = _to_last(x, d)
-    if tau != 1.0:
-        # Shift by the row maximum *before* dividing: a small tau would overflow s / tau.  The
-        # weights do not depend on the shift, so no gradient flows through it (detach: exact).
-        z = (z - safe_max(z).detach()) / tau
-    return _from_last(SoftmaxFunction.apply(z), d, x)
+    return _from_last(softmax_last(_to_last(x, d), tau), d, x)
 
 
 def prior_softmax(scores: torch.Tensor, prior: torch.Tensor, tau: float = 1.0, dim: int = -1, *,
@@ -616,6 +612,4 @@ def one_sided_eot(cost: torch.Tensor, eps: float = 1.0, regularizer: str | Calla
         pi = torch.broadcast_to(pi, c.shape).movedim(d, -1).to(torch.float64)
         active = active & (pi > 0)
         log_prior = torch.log(torch.where(pi > 0, pi, torch.ones_like(pi)))
-    grad_omega = regularizer_gradient(regularizer, alpha, log_prior)
-    p = OneSidedEOTFunction.apply(work, eps, grad_omega, active, n_iter)
-    return p.movedim(-1, d).to(c.dtype)
+    return one_sided_plan(work, eps, regularizer, alpha, n_iter, active, log_prior).movedim(-1, d).to(c.dtype)

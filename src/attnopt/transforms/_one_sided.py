@@ -118,3 +118,15 @@ class OneSidedEOTFunction(Function):
             (second,) = torch.autograd.grad(ctx.grad_omega(q).expand_as(q).sum(), q, create_graph=create)
         h = torch.where(on, 1 / second, torch.zeros_like(p))
         return -entmax_vjp(h, grad) / ctx.eps, None, None, None, None
+
+
+def one_sided_plan(cost: torch.Tensor, eps: float, regularizer, alpha: float = 1.5, n_iter: int = 60,
+                   active: torch.Tensor | None = None, log_prior: torch.Tensor | None = None) -> torch.Tensor:
+    r"""The solution of :math:`\min_{p\in\Delta}\sum_jC_jp_j+\varepsilon\Omega(p)` along the last
+    dimension of a checked ``float64`` cost, differentiable (:class:`OneSidedEOTFunction`).
+
+    ``active`` (default: the finite costs) marks the keys that may carry mass; ``regularizer`` is
+    one of :func:`regularizer_gradient`'s names or :math:`\omega'` itself."""
+    active = torch.isfinite(cost) if active is None else active
+    grad_omega = regularizer_gradient(regularizer, alpha, log_prior)
+    return OneSidedEOTFunction.apply(cost, eps, grad_omega, active, n_iter)

@@ -453,3 +453,14 @@ class EntmaxBisectFunction(_TsallisBackward):
         ctx.alpha = alpha
         ctx.save_for_backward(p)
         return p
+
+
+def softmax_last(z: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    r""":math:`\operatorname{softmax}(z/\tau)` along the last dimension of checked scores, in their dtype.
+
+    The row maximum is subtracted *before* the division (a small :math:`\tau` would overflow
+    :math:`z/\tau`); the weights do not depend on the shift, so no gradient flows through it
+    (detached: exact).  An all ``-inf`` row gives zeros (:class:`SoftmaxFunction`)."""
+    if tau != 1.0:
+        z = (z - safe_max(z).detach()) / tau
+    return SoftmaxFunction.apply(z)

@@ -1,11 +1,14 @@
-"""The truncated paraboloid's constants (Farinhas 2021, eqs. (3.14)-(3.15)), shared by the continuous
-view and the course's explorers: an engine, so its inputs arrive checked."""
+"""Moment matching (Farinhas 2021, Theorem 1) and the truncated paraboloid's constants (eqs.
+(3.14)-(3.15)), shared by the continuous view and the course's explorers: an engine, so its inputs
+arrive checked."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+
+from .._numerics import symmetric_part
 
 
 def gaussian_const(d: int) -> float:
@@ -26,3 +29,11 @@ def paraboloid_scale(var: torch.Tensor) -> torch.Tensor:
         det = torch.linalg.det(var)
     scale = det.clamp_min(0).sqrt() * k ** (-(1 + d / 2))
     return scale[..., None, None] * var
+
+
+def match_moments(p: torch.Tensor, locations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and covariance of the discrete distribution ``p`` (``(..., L)``, normalized) on ``locations``."""
+    mu = torch.einsum("...l,...ld->...d", p, locations)
+    centred = locations - mu.unsqueeze(-2)
+    var = torch.einsum("...l,...ld,...le->...de", p, centred, centred)
+    return mu, symmetric_part(var)
