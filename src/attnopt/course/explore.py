@@ -19,9 +19,9 @@ every explorer without a browser, and lets a reader call the same function in a 
 * Chapter 5, :func:`four_views`: one query's weights computed by the four views of the book, and
   what happens when one view's problem is changed.
 
-These functions draw pictures, not training batches: they validate their arguments through
-the library's validation layer like every public function, but they are not hot paths (several call a
-solver that may read the host to stop early).
+These functions draw pictures, not training batches: they check their arguments once, through the
+library's validation layer, and compute with the views' engines; they are not hot paths (several
+call a solver that may read the host to stop early).
 """
 
 from __future__ import annotations
@@ -34,28 +34,17 @@ import torch
 from ._explore_checks import float_arg, grid_arg
 from ._explore_clusters import count_clusters
 from .._numerics import log_or_neg_inf
-from .._validation import (
-    broadcast_shapes,
-    check_choice,
-    check_no_overflow,
-    check_int,
-    check_number,
-    check_positive,
-    check_probability_vector,
-    check_shape_match,
-    check_spd,
-)
-from ..continuous import continuous_density, continuous_softmax
+from .._validation import (broadcast_shapes, check_choice, check_int, check_no_overflow, check_number, check_positive,
+                           check_probability_vector, check_shape_match, check_spd)
+from ..continuous import continuous_density, continuous_softmax, continuous_sparsemax
 from ..continuous._moments import match_moments, paraboloid_scale
-from ..continuous import continuous_sparsemax
-from ..fenchel._solvers import KLFamily, generalized_weights
-from ..fenchel._solvers import solve as fenchel_solve
+from ..continuous.value_functions import GaussianRBF, ridge_value_function
+from ..fenchel._solvers import KLFamily, generalized_weights, solve as fenchel_solve
 from ..kernels import self_attention_flow
 from ..kernels._softmatch import kernel_logits
 from ..transforms import alibi_log_prior, entmax, one_sided_eot, softmax, sparsemax
 from ..transforms._one_sided import one_sided_plan
 from ..transforms._thresholds import softmax_last
-from ..continuous.value_functions import GaussianRBF, ridge_value_function
 
 __all__ = [
     "DensityView",
@@ -188,8 +177,8 @@ def preference_view(templates, u, z, alpha, *, alpha_grid=None, tol: float | Non
     # The chosen alpha first, then the grid: one batched solve at reliability 1 on scaled data.
     alphas = torch.cat([grid.new_tensor([alpha]), grid])
     root = alphas.sqrt().reshape(-1, *([1] * (len(batch) + 1)))
-    # The fenchel view's engines on the tensors checked above (issue 29: nothing checked twice),
-    # every vector with its query axis (..., 1, d) and u laid out like the weights (..., 1, n).
+    # The fenchel view's engines on the tensors checked above (nothing is checked twice), with
+    # query axes: vectors (..., 1, d), u laid out like the weights (..., 1, n).
     T_scaled = root.unsqueeze(-1) * T
     uq, log_uq = u.unsqueeze(-2), log_or_neg_inf(u).unsqueeze(-2)
     lam = fenchel_solve((root * b).unsqueeze(-2), T_scaled, KLFamily(uq), 1.0, tol, 100, "auto", "preference_view")
@@ -677,23 +666,20 @@ def four_views(query, keys, tau, *, regularizer: str = "entropy", absent: int | 
     q, K = q.expand(*batch, d), K.expand(*batch, m, d)
     like = dict(dtype=q.dtype, device=q.device)
 
-    # Each view through its own engine, on the tensors checked above or built here: nothing is
-    # checked twice (issue 29).  The only data checks past the inputs' are each view's guard that
-    # its scores do not overflow.
+    # Each view through its own engine, on the tensors checked above or built here (nothing is
+    # checked twice); past the inputs' checks, each path that forms scores guards their overflow.
     alpha = 1.0 / (tau * math.sqrt(d))
     scores = (K @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(d)
     check_no_overflow(scores, "the scores <query, k_j> / sqrt(d)", "query or keys")
     sdpa = softmax_last(scores, tau)
-    log_u = torch.zeros(m, **like)
+    log_u = torch.full((m,), -math.log(m if absent is None else m - 1), **like)  # u uniform on the keys present
     if absent is not None:
         log_u[absent] = float("-inf")
-    log_u = log_u - torch.logsumexp(log_u, dim=-1)  # u uniform over the keys present
-    q1 = q.unsqueeze(-2)  # one query per batch entry
-    fenchel = generalized_weights(q1, K, alpha, log_u, "query").squeeze(-2)
-    kernel = torch.softmax(kernel_logits(q1, K, log_u.exp(), "dot", alpha, "query", "keys"), dim=-1).squeeze(-2)
+    fenchel = generalized_weights(q.unsqueeze(-2), K, alpha, log_u, "query").squeeze(-2)
+    kernel_scores = kernel_logits(q.unsqueeze(-2), K, log_u.exp(), "dot", alpha, "query", "keys")
+    kernel = torch.softmax(kernel_scores, dim=-1).squeeze(-2)
     transport = one_sided_plan(-scores.to(torch.float64), tau, regularizer, alpha=1.5).to(q.dtype)
-    locations = torch.linspace(0.0, 1.0, m, **like).unsqueeze(-1)
-    mean, variance = match_moments(sdpa, locations)
+    mean, variance = match_moments(sdpa, torch.linspace(0.0, 1.0, m, **like).unsqueeze(-1))  # at t_j = j/(m-1)
     gaps = torch.stack([(view - sdpa).abs().amax(-1) for view in (fenchel, kernel, transport)])
     return FourViews(
         sdpa=sdpa,
