@@ -93,6 +93,15 @@ def kernel_logits(queries: torch.Tensor, points: torch.Tensor, weights: torch.Te
     return logits if weights is None else logits + log_or_neg_inf(weights).unsqueeze(-2)
 
 
+def require_live_rows(logits: torch.Tensor) -> None:
+    """Every query has some key of positive weight and finite logit (else its kernel row is 0/0)."""
+    require(
+        (logits > float("-inf")).any(dim=-1).all(),
+        "similarity(queries, keys) is -inf on every key of positive weight for some query: "
+        "Psi_G(mu) needs mu(G(q, .)) > 0",
+    )
+
+
 def softmatch_weights(queries, mu, similarity: Similarity, scale, q_name: str, k_name: str) -> torch.Tensor:
     """The softmatch matrix :math:`P_{ij}\\propto w_je^{a(q_i,k_j)}`, the arguments named as the caller's user wrote them."""
     queries = queries_arg(queries, mu, q_name, k_name, same_dim=not callable(similarity))
@@ -100,11 +109,7 @@ def softmatch_weights(queries, mu, similarity: Similarity, scale, q_name: str, k
     logits = kernel_logits(queries, mu.points, None if mu._uniform else mu.weights, similarity, scale, q_name, k_name)
     if callable(similarity) or not mu._uniform:
         # a named similarity is finite and some weight positive: only a callable can leave a row empty
-        require(
-            (logits > float("-inf")).any(dim=-1).all(),
-            "similarity(queries, keys) is -inf on every key of positive weight for some query: "
-            "Psi_G(mu) needs mu(G(q, .)) > 0",
-        )
+        require_live_rows(logits)
     return torch.softmax(logits, dim=-1)
 
 
@@ -119,10 +124,6 @@ def attend(queries: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | No
     queries, keys, values and weights are not checked again."""
     logits = kernel_logits(queries, keys, weights, similarity, scale, q_name, k_name)
     if callable(similarity):  # a named similarity is finite, and a weight vector has some positive entry
-        require(
-            (logits > float("-inf")).any(dim=-1).all(),
-            "similarity(queries, keys) is -inf on every key of positive weight for some query: "
-            "Psi_G(mu) needs mu(G(q, .)) > 0",
-        )
+        require_live_rows(logits)
     kernel = torch.softmax(logits, dim=-1)
     return weighted_sum(kernel, values.unsqueeze(-3)), kernel
