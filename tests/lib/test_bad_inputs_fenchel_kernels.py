@@ -132,6 +132,9 @@ BAD = [
     (lambda: K.softmatch_kernel(Q, KEYS, similarity=lambda q, k: torch.full((4, 6), -INF, dtype=F64)),
      ValueError, "similarity"),
     (lambda: K.softmatch_kernel(Q, KEYS, similarity=lambda q, k: torch.zeros(4, 5, dtype=F64)), ValueError, "similarity"),
+    # a layer of the flow checks a callable's rows through the engine (kernels._softmatch.attend)
+    (lambda: K.self_attention_flow(KEYS, 2, similarity=lambda q, k: torch.full((6, 6), -INF, dtype=F64)),
+     ValueError, "similarity"),
     (lambda: K.softmatch_kernel(torch.full((2, 3), 1e20), torch.full((4, 3), 1e20)), ValueError, "queries"),
     (lambda: K.attention_kernel(Q, torch.zeros(0, 3, dtype=F64), V[:0]), ValueError, "keys"),
     (lambda: K.attention_kernel(Q, KEYS, V.float()), TypeError, "values"),
