@@ -127,3 +127,15 @@ def test_a_layer_of_the_flow_adds_one_check():
     for kwargs in ({}, dict(w_q=w, w_k=w, w_v=w, residual=True), dict(weights=torch.full((6,), 1 / 6, dtype=F64))):
         one, five = data_checks_each(lambda: self_attention_flow(x, 1, **kwargs), lambda: self_attention_flow(x, 5, **kwargs))
         assert five - one == 4, (sorted(kwargs), one, five)
+
+
+def test_density_view_checks_its_inputs_once():
+    """Five data checks (it made 14, calling continuous_density and continuous_softmax/sparsemax on
+    what it had checked): mu finite; the covariance finite (twice: once as an argument, once more
+    inside check_spd, which a caller cannot skip yet), symmetric and positive definite."""
+    from attnopt.explore import density_view, image_value_function
+
+    values = image_value_function(torch.rand(3, 28, 28, dtype=F64), 6)
+    mu, V = torch.tensor([[0.4, 0.6], [0.5, 0.5]], dtype=F64), torch.eye(2, dtype=F64) * 0.02
+    counts = data_checks_each(lambda: density_view(values, mu, V), lambda: density_view(values, mu, V, "truncated_paraboloid"))
+    assert counts == [5, 5]

@@ -54,10 +54,12 @@ import math
 
 import torch
 
-from ._checks import mean_scale_args, quadrature_args
-from ._moments import gaussian_const as _gaussian_const, match_moments as _match_moments, paraboloid_scale as _paraboloid_scale
-from ._softmax import softmax_flat
-from ._sparsemax import Rule, sparsemax_from_S, sparsemax_moments
+from ._checks import mean_scale_args, mean_scale_checks, quadrature_args
+from ._expectations import default_tol as _default_tol, density, minus_lambda as _minus_lambda
+from ._expectations import softmax_expectations, sparsemax_expectations, sparsemax_scale as _sparsemax_scale
+from ._expectations import DEFAULT_TOL as _DEFAULT_TOL
+from ._moments import match_moments as _match_moments, paraboloid_scale as _paraboloid_scale
+from ._sparsemax import Rule, sparsemax_moments
 from .._numerics import compute_dtype, symmetric_part
 from .._validation import (
     as_float_tensor,
@@ -90,7 +92,7 @@ __all__ = [
 #: tolerance ``tol``; an int gives the fixed periodic trapezoid rule with that many nodes.
 DEFAULT_N_QUADRATURE = None
 #: Default relative tolerance of the adaptive rule in float64 (32 machine epsilons in float32).
-DEFAULT_TOL = 1e-10
+DEFAULT_TOL = _DEFAULT_TOL
 #: Default cap on the angular nodes per (batch, basis) pair of the adaptive rule.
 DEFAULT_MAX_QUADRATURE = 4096
 
@@ -100,14 +102,6 @@ _FAMILIES = ("gaussian", "truncated_paraboloid")
 # --------------------------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _minus_lambda(L: torch.Tensor) -> torch.Tensor:
-    r""":math:`-\lambda=(\kappa_D/\sqrt{\det\Sigma})^{2/(D+2)}` of eq. (3.15), from the Cholesky
-    factor ``L`` of :math:`\Sigma`."""
-    d = L.shape[-1]
-    half_logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-    return torch.exp((2.0 / (d + 2)) * (math.log(_gaussian_const(d)) - half_logdet))
 
 
 def truncated_paraboloid_threshold(Sigma: torch.Tensor) -> torch.Tensor:
@@ -137,6 +131,12 @@ def truncated_paraboloid_threshold(Sigma: torch.Tensor) -> torch.Tensor:
     check_spd(Sigma, "Sigma")
     L = torch.linalg.cholesky_ex(symmetric_part(Sigma).to(compute_dtype(Sigma.dtype)))[0]
     return (-_minus_lambda(L)).to(Sigma.dtype)
+
+
+def _checked(mu, Sigma, basis, name_fn, *, definite):
+    """Check ``basis`` and ``(mu, Sigma)``: ``(mu, Sigma, batch)`` (see ``mean_scale_checks``)."""
+    _check_basis(basis)
+    return mean_scale_checks(mu, Sigma, basis, name_fn, definite=definite)
 
 
 def _prepare(mu, Sigma, basis, name_fn, *, definite, names=("mu", "Sigma")):
@@ -252,16 +252,7 @@ def continuous_density(t: torch.Tensor, mu: torch.Tensor, Sigma: torch.Tensor, f
     check_finite(t, "t")
     check_finite(mu, "mu")
     check_spd(Sigma, "Sigma")
-    d = mu.shape[-1]
-    L = torch.linalg.cholesky_ex(symmetric_part(Sigma))[0]
-    diff = (t - mu).unsqueeze(-1)
-    L = L.expand(*diff.shape[:-2], d, d) if L.ndim < diff.ndim else L
-    z = torch.linalg.solve_triangular(L, diff, upper=False).squeeze(-1)
-    quad = 0.5 * (z * z).sum(-1)
-    half_logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-    if family == "gaussian":
-        return torch.exp(-quad - half_logdet - 0.5 * d * math.log(2 * math.pi))
-    return torch.clamp(_minus_lambda(L) - quad, min=0.0)
+    return density(t, mu, Sigma, family)
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,29 +309,13 @@ def continuous_softmax(mu: torch.Tensor, Sigma: torch.Tensor, basis: GaussianRBF
     References:
         Farinhas (2021), eqs. (4.7)-(4.12); Martins et al. (2020).
     """
-    mu_f, Sigma_f, centers, cov, batch, dtype = _prepare(mu, Sigma, basis, "continuous_softmax", definite=False)
-    r = softmax_flat(mu_f, Sigma_f, centers, cov)
-    return r.reshape(*batch, basis.n_basis).to(dtype)
+    mu, Sigma, batch = _checked(mu, Sigma, basis, "continuous_softmax", definite=False)
+    return softmax_expectations(mu, Sigma, basis, batch)
 
 
 # --------------------------------------------------------------------------------------------
 # continuous sparsemax (alpha = 2), D in {1, 2}: Appendix A.2, Alg. 4 (engine: _quadrature)
 # --------------------------------------------------------------------------------------------
-
-
-def _default_tol(dtype: torch.dtype) -> float:
-    """``DEFAULT_TOL`` in float64; 32 machine epsilons (about 3.8e-6) in float32 and below."""
-    return DEFAULT_TOL if dtype == torch.float64 else 32.0 * torch.finfo(torch.float32).eps
-
-
-def _sparsemax_scale(Sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    r""":math:`S=-2\lambda\Sigma` (eq. (3.15)) for SPD ``(B, D, D)`` scales, differentiable, without reading
-    values, and its factor :math:`M=\sqrt{-2\lambda}\operatorname{chol}\Sigma` (detached: a factor of the
-    rounded :math:`S` would lose digits on needle-like scales)."""
-    L = torch.linalg.cholesky_ex(Sigma)[0]
-    minus_lam = _minus_lambda(L)
-    S = (2.0 * minus_lam)[:, None, None] * Sigma
-    return S, ((2.0 * minus_lam).sqrt()[:, None, None] * L).detach()
 
 
 def _sparsemax_diagnostics(mu, Sigma, basis, *, tol=None, max_quadrature=DEFAULT_MAX_QUADRATURE) -> dict:
@@ -481,11 +456,7 @@ def continuous_sparsemax(
         Farinhas (2021), chapter 4 and Appendix A.2; Martins et al. (2020).
     """
     n_quadrature, tol, max_quadrature = quadrature_args(n_quadrature, tol, max_quadrature)
-    mu_f, Sigma_f, centers, cov, batch, dtype = _prepare(mu, Sigma, basis, "continuous_sparsemax", definite=True)
-    if mu_f.shape[-1] not in (1, 2):
-        raise ValueError(f"continuous_sparsemax supports D in {{1, 2}}; got D={mu_f.shape[-1]}")
-    if tol is None:
-        tol = _default_tol(mu_f.dtype)
-    S, M = _sparsemax_scale(Sigma_f) if mu_f.shape[0] else (Sigma_f, Sigma_f)
-    r = sparsemax_from_S(mu_f, S, centers, cov, n_quadrature, tol, max_quadrature, M=M)
-    return r.reshape(*batch, basis.n_basis).to(dtype)
+    mu, Sigma, batch = _checked(mu, Sigma, basis, "continuous_sparsemax", definite=True)
+    if mu.shape[-1] not in (1, 2):
+        raise ValueError(f"continuous_sparsemax supports D in {{1, 2}}; got D={mu.shape[-1]}")
+    return sparsemax_expectations(mu, Sigma, basis, batch, n_quadrature, tol, max_quadrature)

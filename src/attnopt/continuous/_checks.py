@@ -6,7 +6,7 @@ of a ridge regression are in :mod:`attnopt.continuous._value_functions_checks`."
 
 from __future__ import annotations
 
-from .._numerics import compute_dtype, symmetric_part
+from ._expectations import flatten
 from .._validation import (
     as_float_tensor,
     broadcast_shapes,
@@ -32,11 +32,10 @@ def quadrature_args(n_quadrature, tol, max_quadrature):
     return n_quadrature, tol, max_quadrature
 
 
-def mean_scale_args(mu, Sigma, basis, name_fn, *, definite, names=("mu", "Sigma")):
-    """Validate ``(mu, Sigma)`` against a checked ``basis`` and flatten the batch: ``Sigma`` SPD
-    (``definite``) or PSD.  ``names`` are the user's names of the two arguments (for the error
-    messages).  Returns ``(mu_f (B, D), Sigma_f (B, D, D), centers, cov, batch, dtype)``, the
-    tensors in the compute dtype on the device of ``mu``."""
+def mean_scale_checks(mu, Sigma, basis, name_fn, *, definite, names=("mu", "Sigma")):
+    """Validate ``(mu, Sigma)`` against a checked ``basis``: ``Sigma`` SPD (``definite``) or PSD.
+    ``names`` are the user's names of the two arguments (for the error messages).  Returns
+    ``(mu, Sigma, batch)``, the tensors as given and their broadcast batch shape."""
     n_mu, n_S = names
     mu = as_float_tensor(mu, n_mu, min_ndim=1)
     Sigma = as_float_tensor(Sigma, n_S, min_ndim=2)
@@ -52,9 +51,11 @@ def mean_scale_args(mu, Sigma, basis, name_fn, *, definite, names=("mu", "Sigma"
     batch = broadcast_shapes(**{n_mu: mu.shape[:-1], n_S: Sigma.shape[:-2]})
     check_finite(mu, n_mu)
     (check_spd if definite else check_psd)(Sigma, n_S)
-    cdt = compute_dtype(mu.dtype)
-    mu_f = mu.expand(*batch, d).reshape(-1, d).to(cdt)
-    Sigma_f = symmetric_part(Sigma.expand(*batch, d, d).reshape(-1, d, d).to(cdt))
-    centers = basis.centers.to(device=mu.device, dtype=cdt)
-    cov = basis.covariance.to(device=mu.device, dtype=cdt)
-    return mu_f, Sigma_f, centers, cov, batch, mu.dtype
+    return mu, Sigma, batch
+
+
+def mean_scale_args(mu, Sigma, basis, name_fn, *, definite, names=("mu", "Sigma")):
+    """:func:`mean_scale_checks`, then the batch flattened: ``(mu_f (B, D), Sigma_f (B, D, D),
+    centers, cov, batch, dtype)``, the tensors in the compute dtype on the device of ``mu``."""
+    mu, Sigma, batch = mean_scale_checks(mu, Sigma, basis, name_fn, definite=definite, names=names)
+    return (*flatten(mu, Sigma, basis, batch), batch, mu.dtype)

@@ -36,7 +36,7 @@ from ._explore_clusters import count_clusters
 from .._numerics import log_or_neg_inf
 from .._validation import (broadcast_shapes, check_choice, check_int, check_no_overflow, check_number, check_positive,
                            check_probability_vector, check_shape_match, check_spd)
-from ..continuous import continuous_density, continuous_softmax, continuous_sparsemax
+from ..continuous import _expectations as expectations
 from ..continuous._moments import match_moments, paraboloid_scale
 from ..continuous.value_functions import GaussianRBF, ridge_value_function
 from ..fenchel._solvers import KLFamily, generalized_weights, solve as fenchel_solve
@@ -558,10 +558,11 @@ def density_view(values: ImageValues, mu, covariance, family: str = "gaussian") 
     check_spd(V, "covariance")
     Sigma = V if family == "gaussian" else paraboloid_scale(V)
     channels, height, width = image.shape
-    density = continuous_density(values.locations, mu.unsqueeze(-2), Sigma.unsqueeze(-3), family)
+    # the continuous view's engines on the tensors checked above (nothing is checked twice)
+    density = expectations.density(values.locations, mu.unsqueeze(-2), Sigma.unsqueeze(-3), family)
     density = density.reshape(*batch, height, width)
-    attend = continuous_softmax if family == "gaussian" else continuous_sparsemax
-    r = attend(mu.expand(*batch, 2), Sigma.expand(*batch, 2, 2), values.basis)
+    expect = expectations.softmax_expectations if family == "gaussian" else expectations.sparsemax_expectations
+    r = expect(mu, Sigma, values.basis, batch)
     context = r @ values.coefficients.T
     pixels = image.reshape(channels, -1)
     pixel_context = density.reshape(*batch, -1) @ pixels.T / (height * width)
