@@ -56,8 +56,9 @@ book: html
 
 test: $(STAMP)
 	# tests/peers: entmax's and POT's own tests run against attnopt; tests/package: the wheel and
-	# sdist built offline, installed outside the checkout with the core only
-	$(BIN)/python -m pytest tests/lib tests/peers tests/conventions tests/assignments tests/package
+	# sdist built offline, installed outside the checkout with the core only. One pytest-xdist
+	# process per core, each taking whole modules (their module-scoped fixtures are built once)
+	$(BIN)/python -m pytest -n auto --dist loadfile tests/lib tests/peers tests/conventions tests/assignments tests/package
 	# JupyterLab in a browser, in a pytest run of its own: in one run with the suites above its slider
 	# test timed out twice in fresh clones (alone it passed each time, in about 70 s)
 	$(BIN)/python -m pytest tests/lab

@@ -202,8 +202,12 @@ def serve(html_dir: Path):
         def log_message(self, *args):
             pass
 
+    class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+        # several pages load at once (:func:`map_pages`), each asking for dozens of files
+        daemon_threads = True
+
     handler = functools.partial(Quiet, directory=str(html_dir))
-    with socketserver.TCPServer(("127.0.0.1", 0), handler) as httpd:
+    with Server(("127.0.0.1", 0), handler) as httpd:
         thread = threading.Thread(target=httpd.serve_forever, daemon=True)
         thread.start()
         try:
@@ -234,6 +238,81 @@ def _launch(playwright):
     if not Path(CHROMIUM).exists():
         raise RuntimeError("Debian's chromium is not installed (apt-get install chromium; .ci/run does it)")
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+
+
+def workers() -> int:
+    """How many pages the site's passes load at once, one browser each: the cores this process may
+    use, at most 4 (``$ATTNOPT_BROWSER_WORKERS`` overrides).  A page's load, MathJax's typesetting
+    and axe's rules run in the page's renderer on one core, so two cores check two pages at a time."""
+    env = os.environ.get("ATTNOPT_BROWSER_WORKERS", "").strip()
+    if env:
+        return max(1, int(env))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cores))
+
+
+def map_pages(pages: list[str], open_worker, browser=None, n_workers: int | None = None) -> list:
+    """``[check(rel) for rel in pages]``, computed by ``n_workers`` browsers (default
+    :func:`workers`) that each take the next page from one queue.
+
+    ``open_worker(browser)`` is a context manager that yields ``check`` for one browser (so that a
+    worker can keep one tab for all its pages).  ``browser``, when given, is the first worker's;
+    every other worker launches its own in its own thread (Playwright's sync API is not
+    thread-safe: one instance per thread).  The first error in any worker is raised here."""
+    import queue
+
+    n = max(1, min(n_workers or workers(), len(pages)))
+    todo: queue.Queue = queue.Queue()
+    for item in enumerate(pages):
+        todo.put(item)
+    results: list = [None] * len(pages)
+    errors: list[BaseException] = []
+
+    def drain(b) -> None:
+        with open_worker(b) as check:
+            while not errors:
+                try:
+                    i, rel = todo.get_nowait()
+                except queue.Empty:
+                    return
+                results[i] = check(rel)
+
+    def own_browser() -> None:
+        try:
+            from playwright.sync_api import sync_playwright
+
+            with sync_playwright() as playwright:
+                b = _launch(playwright)
+                try:
+                    drain(b)
+                finally:
+                    b.close()
+        except BaseException as exc:  # handed to the caller below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=own_browser, daemon=True) for _ in range(n - (browser is not None))]
+    for t in threads:
+        t.start()
+    if browser is not None:
+        try:
+            drain(browser)
+        except BaseException as exc:
+            errors.append(exc)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _each_visit(visit_one, base: str, *args):
+    """An ``open_worker`` for :func:`map_pages` that calls ``visit_one(browser, url, *args)``."""
+
+    @contextlib.contextmanager
+    def open_worker(browser):
+        yield lambda rel: visit_one(browser, f"{base}/{rel}", *args)
+
+    return open_worker
 
 
 def visit(browser, url: str) -> dict:
@@ -349,105 +428,104 @@ def mobile_visit(browser, url: str, device: str) -> dict:
 
 
 def mobile_audit(html_dir: Path, pages: list[str] | None = None, browser=None,
-                 devices=tuple(DEVICES)) -> dict[str, dict[str, list[str]]]:
-    """The phone and tablet pass over ``pages`` (default: all): ``{device: {check: places}}``."""
+                 devices=tuple(DEVICES), n_workers: int | None = None) -> dict[str, dict[str, list[str]]]:
+    """The phone and tablet pass over ``pages`` (default: all): ``{device: {check: places}}``.
+    ``n_workers`` browsers share the pages (:func:`map_pages`)."""
     html_dir = Path(html_dir)
     pages = content_pages(html_dir) if pages is None else pages
     found = {d: {name: [] for name in MOBILE_CHECKS} for d in devices}
-    with contextlib.ExitStack() as stack, serve(html_dir) as base:
-        if browser is None:
-            from playwright.sync_api import sync_playwright
+    with serve(html_dir) as base:
+        # one queue for both devices, so that no browser idles between the passes
+        items = [(device, rel) for device in devices for rel in pages]
 
-            playwright = stack.enter_context(sync_playwright())
-            browser = _launch(playwright)
-            stack.callback(browser.close)
-        for device in devices:
-            out = found[device]
-            for rel in pages:
-                info = mobile_visit(browser, f"{base}/{rel}", device)
-                if info["toggle"]:
-                    out["contents_toggle"].append(f"{rel}: {info['toggle']}")
-                if info["pageWidth"] > info["width"] + 1:
-                    out["page_scrolls_sideways"].append(f"{rel}: {info['pageWidth']} px on a {info['width']}-px screen")
-                for img in info["images"]:
-                    if img["right"] > min(img["holderRight"], img["articleRight"], info["width"]) + 1:
-                        out["cut_figures"].append(f"{rel}: {img['src']} ({img['width']:.0f} px wide)")
-                for ex in info["explorers"]:
-                    if ex["right"] > info["width"] + 1 or ex["small"] or not ex["wired"]:
-                        why = ", ".join(filter(None, [
-                            f"right edge at {ex['right']:.0f} px" if ex["right"] > info["width"] + 1 else "",
-                            f"controls under {MIN_TARGET_PX} px: {'; '.join(ex['small'])}" if ex["small"] else "",
-                            "not wired" if not ex["wired"] else ""]))
-                        out["explorer_fit"].append(f"{rel}: {ex['id']}: {why}")
-                eqs = info["equations"]
-                for eq in eqs:
-                    if eq["overlap"]:
-                        out["equation_numbers_overlap"].append(f"{rel}: {eq['id'] or 'an equation'}")
-                    if eq["scrolls"] and not eq["cue"]:
-                        out["equations_not_fitting"].append(f"{rel}: {eq['id'] or 'an equation'} scrolls without a cue")
-                scrolling = sum(eq["scrolls"] for eq in eqs)
-                if eqs and scrolling > MAX_SCROLLING_SHARE * len(eqs):
-                    out["equations_not_fitting"].append(f"{rel}: {scrolling} of {len(eqs)} display equations scroll")
+        @contextlib.contextmanager
+        def open_worker(b):
+            yield lambda item: mobile_visit(b, f"{base}/{item[1]}", item[0])
+
+        visits = dict(zip(items, map_pages(items, open_worker, browser, n_workers)))
+    for device in devices:
+        out = found[device]
+        for rel in pages:
+            info = visits[device, rel]
+            if info["toggle"]:
+                out["contents_toggle"].append(f"{rel}: {info['toggle']}")
+            if info["pageWidth"] > info["width"] + 1:
+                out["page_scrolls_sideways"].append(f"{rel}: {info['pageWidth']} px on a {info['width']}-px screen")
+            for img in info["images"]:
+                if img["right"] > min(img["holderRight"], img["articleRight"], info["width"]) + 1:
+                    out["cut_figures"].append(f"{rel}: {img['src']} ({img['width']:.0f} px wide)")
+            for ex in info["explorers"]:
+                if ex["right"] > info["width"] + 1 or ex["small"] or not ex["wired"]:
+                    why = ", ".join(filter(None, [
+                        f"right edge at {ex['right']:.0f} px" if ex["right"] > info["width"] + 1 else "",
+                        f"controls under {MIN_TARGET_PX} px: {'; '.join(ex['small'])}" if ex["small"] else "",
+                        "not wired" if not ex["wired"] else ""]))
+                    out["explorer_fit"].append(f"{rel}: {ex['id']}: {why}")
+            eqs = info["equations"]
+            for eq in eqs:
+                if eq["overlap"]:
+                    out["equation_numbers_overlap"].append(f"{rel}: {eq['id'] or 'an equation'}")
+                if eq["scrolls"] and not eq["cue"]:
+                    out["equations_not_fitting"].append(f"{rel}: {eq['id'] or 'an equation'} scrolls without a cue")
+            scrolling = sum(eq["scrolls"] for eq in eqs)
+            if eqs and scrolling > MAX_SCROLLING_SHARE * len(eqs):
+                out["equations_not_fitting"].append(f"{rel}: {scrolling} of {len(eqs)} display equations scroll")
     return found
 
 
-def audit(html_dir: Path, pages: list[str] | None = None, browser=None) -> dict[str, list[str]]:
-    """Run every check over ``pages`` (default: all) of the built book in ``html_dir``."""
+def audit(html_dir: Path, pages: list[str] | None = None, browser=None,
+          n_workers: int | None = None) -> dict[str, list[str]]:
+    """Run every check over ``pages`` (default: all) of the built book in ``html_dir``;
+    ``n_workers`` browsers share the pages (:func:`map_pages`)."""
     html_dir = Path(html_dir)
     pages = content_pages(html_dir) if pages is None else pages
     found: dict[str, list[str]] = {name: [] for name in CHECKS}
     titles: dict[str, list[str]] = defaultdict(list)
-    with contextlib.ExitStack() as stack, serve(html_dir) as base:
-        if browser is None:
-            from playwright.sync_api import sync_playwright
-
-            playwright = stack.enter_context(sync_playwright())
-            browser = _launch(playwright)
-            stack.callback(browser.close)
-        for rel in pages:
-            info = visit(browser, f"{base}/{rel}")
-            titles[info["title"]].append(rel)
-            for eq in info["equations"]:
-                over = max(eq["width"] - eq["column"], eq["scroll"])
-                if over > 1:
-                    found["wide_equations"].append(f"{rel}: {over:.0f} px too wide: {eq['id'] or eq['tex']}")
-            for img in info["images"]:
-                src = img["src"] or ""
-                name = unquote(src.rsplit("/", 1)[-1])
-                if not img["caption"] or not img["numbered"]:
-                    found["figures_without_caption"].append(f"{rel}: {name}")
-                alt = img["alt"].strip()
-                if len(alt) < 15 or re.search(r"\.(png|jpe?g|svg|gif)\b|^[\w./-]+$", alt):
-                    found["figures_without_alt"].append(f"{rel}: {name} (alt {alt!r})")
-                file = (html_dir / rel).parent / unquote(src)
-                dpi = _png_dpi(file) if file.suffix == ".png" and file.is_file() else None
-                if dpi and img["natural"] and img["shown"]:
-                    px = MIN_FONT_PT / 72 * dpi * img["shown"] / img["natural"]
-                    if px < MIN_TEXT_PX:
-                        found["small_figure_text"].append(
-                            f"{rel}: {name}: {MIN_FONT_PT:g} pt text shows at {px:.1f} px "
-                            f"({img['natural']} px wide at {dpi:.0f} dpi, shown {img['shown']:.0f} px)"
-                        )
-            for text in info["outputs"]:
-                m = LEAKS.search(text)
-                if m:
-                    found["build_paths"].append(f"{rel}: {m.group(0)!r} in an output")
-            for err in info["errors"]:
-                found["console_errors"].append(f"{rel}: {err}")
-            # Headless Chromium does not ask for a favicon; a browser does, and logs a 404 without one.
-            icon = info.get("favicon")
-            if not icon:
-                found["console_errors"].append(f"{rel}: no favicon (a browser's request for /favicon.ico fails)")
-            elif not ((html_dir / rel).parent / unquote(icon.split("?")[0])).is_file():
-                found["console_errors"].append(f"{rel}: favicon {icon} missing")
-            for code in info["code"]:
-                if code["over"] > 1:
-                    found["wide_code"].append(f"{rel}: {code['over']} px: {code['start'].strip()[:40]!r}")
-            for err in info["mathErrors"]:
-                found["mathjax_errors"].append(f"{rel}: {err}")
-            found["control_characters"] += _control_characters(html_dir / rel, rel)
-            if rel.endswith("bibliography.html"):
-                found["raw_tex_in_bibliography"] += _raw_tex(html_dir / rel, rel)
+    with serve(html_dir) as base:
+        visits = map_pages(pages, _each_visit(visit, base), browser, n_workers)
+    for rel, info in zip(pages, visits):
+        titles[info["title"]].append(rel)
+        for eq in info["equations"]:
+            over = max(eq["width"] - eq["column"], eq["scroll"])
+            if over > 1:
+                found["wide_equations"].append(f"{rel}: {over:.0f} px too wide: {eq['id'] or eq['tex']}")
+        for img in info["images"]:
+            src = img["src"] or ""
+            name = unquote(src.rsplit("/", 1)[-1])
+            if not img["caption"] or not img["numbered"]:
+                found["figures_without_caption"].append(f"{rel}: {name}")
+            alt = img["alt"].strip()
+            if len(alt) < 15 or re.search(r"\.(png|jpe?g|svg|gif)\b|^[\w./-]+$", alt):
+                found["figures_without_alt"].append(f"{rel}: {name} (alt {alt!r})")
+            file = (html_dir / rel).parent / unquote(src)
+            dpi = _png_dpi(file) if file.suffix == ".png" and file.is_file() else None
+            if dpi and img["natural"] and img["shown"]:
+                px = MIN_FONT_PT / 72 * dpi * img["shown"] / img["natural"]
+                if px < MIN_TEXT_PX:
+                    found["small_figure_text"].append(
+                        f"{rel}: {name}: {MIN_FONT_PT:g} pt text shows at {px:.1f} px "
+                        f"({img['natural']} px wide at {dpi:.0f} dpi, shown {img['shown']:.0f} px)"
+                    )
+        for text in info["outputs"]:
+            m = LEAKS.search(text)
+            if m:
+                found["build_paths"].append(f"{rel}: {m.group(0)!r} in an output")
+        for err in info["errors"]:
+            found["console_errors"].append(f"{rel}: {err}")
+        # Headless Chromium does not ask for a favicon; a browser does, and logs a 404 without one.
+        icon = info.get("favicon")
+        if not icon:
+            found["console_errors"].append(f"{rel}: no favicon (a browser's request for /favicon.ico fails)")
+        elif not ((html_dir / rel).parent / unquote(icon.split("?")[0])).is_file():
+            found["console_errors"].append(f"{rel}: favicon {icon} missing")
+        for code in info["code"]:
+            if code["over"] > 1:
+                found["wide_code"].append(f"{rel}: {code['over']} px: {code['start'].strip()[:40]!r}")
+        for err in info["mathErrors"]:
+            found["mathjax_errors"].append(f"{rel}: {err}")
+        found["control_characters"] += _control_characters(html_dir / rel, rel)
+        if rel.endswith("bibliography.html"):
+            found["raw_tex_in_bibliography"] += _raw_tex(html_dir / rel, rel)
     for title, where in titles.items():
         if len(where) > 1:
             found["duplicate_titles"].append(f"{title!r}: {', '.join(where)}")

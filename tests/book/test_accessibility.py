@@ -17,6 +17,7 @@ formula for screen readers, and keyboard focus is drawn.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections import defaultdict
@@ -74,28 +75,43 @@ def _show_scheme(page, scheme: str) -> None:
 def axe_violations(browser, html_dir: Path, pages: list[str], schemes=SCHEMES) -> dict[str, dict]:
     """The serious and critical violations of ``pages`` in each scheme:
     {scheme: {(rule, impact, help): ['page: element: summary', ...]}}.  Each page is loaded (and its
-    maths typeset) once, in the first scheme, and switched to the others."""
+    maths typeset) once, in the first scheme, and switched to the others; the pages are shared out
+    among the site audit's browsers (``site_audit.map_pages``), each keeping one tab."""
     found = {scheme: defaultdict(list) for scheme in schemes}
     with site_audit.serve(html_dir) as base:
-        context = _scheme_context(browser, base, schemes[0])
-        try:
-            page = context.new_page()
-            for rel in pages:
-                _open(page, f"{base}/{rel}")
-                for scheme in schemes:
-                    _show_scheme(page, scheme)
-                    theme = page.evaluate("document.documentElement.dataset.theme")
-                    assert theme == scheme, f"{rel}: data-theme is {theme!r}, not {scheme!r}"
-                    for rule in page.evaluate(_RUN_AXE, WCAG_TAGS)["violations"]:
-                        if rule["impact"] not in BLOCKING:
-                            continue
-                        for node in rule["nodes"]:
-                            target = " ".join(str(t) for t in node["target"])
-                            detail = (node.get("failureSummary") or "").replace("\n", " ")[:160]
-                            found[scheme][(rule["id"], rule["impact"], rule["help"])].append(f"{rel}: {target}: {detail}")
-        finally:
-            context.close()
+
+        @contextlib.contextmanager
+        def open_worker(b):
+            context = _scheme_context(b, base, schemes[0])
+            try:
+                page = context.new_page()
+                yield lambda rel: _page_violations(page, base, rel, schemes)
+            finally:
+                context.close()
+
+        per_page = site_audit.map_pages(pages, open_worker, browser)
+    for violations in per_page:
+        for scheme, key, where in violations:
+            found[scheme][key].append(where)
     return found
+
+
+def _page_violations(page, base: str, rel: str, schemes) -> list[tuple]:
+    """[(scheme, (rule, impact, help), 'page: element: summary')] for one page, in each scheme."""
+    out = []
+    _open(page, f"{base}/{rel}")
+    for scheme in schemes:
+        _show_scheme(page, scheme)
+        theme = page.evaluate("document.documentElement.dataset.theme")
+        assert theme == scheme, f"{rel}: data-theme is {theme!r}, not {scheme!r}"
+        for rule in page.evaluate(_RUN_AXE, WCAG_TAGS)["violations"]:
+            if rule["impact"] not in BLOCKING:
+                continue
+            for node in rule["nodes"]:
+                target = " ".join(str(t) for t in node["target"])
+                detail = (node.get("failureSummary") or "").replace("\n", " ")[:160]
+                out.append((scheme, (rule["id"], rule["impact"], rule["help"]), f"{rel}: {target}: {detail}"))
+    return out
 
 
 def _report(found: dict) -> str:

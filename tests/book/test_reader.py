@@ -93,6 +93,34 @@ def test_each_check_reports_its_planted_defect(planted, check):
     assert any("planted" in line for line in planted[check]), f"{check} missed its planted defect: {planted[check]}"
 
 
+def test_several_browsers_find_what_one_finds(html_dir, browser, tmp_path):
+    """The passes share the pages among browsers (site_audit.map_pages): the findings, and their
+    order, must not depend on how many; three, so that the shared path runs on any machine."""
+    site, pages = _plant(html_dir, tmp_path)
+    pages = pages + ["book/preface.html", "book/ch1/duality.html"]
+    one = site_audit.audit(site, pages, browser=browser, n_workers=1)
+    assert site_audit.audit(site, pages, browser=browser, n_workers=3) == one
+    assert sum(len(v) for v in one.values()) >= len(site_audit.CHECKS)  # the planted defects, found
+
+
+def test_a_failing_page_fails_the_pass(html_dir):
+    """An error while one browser checks one page is raised to the caller, not lost in its thread."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def open_worker(b):
+        def check(rel):
+            if rel == "b":
+                raise ValueError("planted failure on page b")
+            return rel.upper()
+
+        yield check
+
+    assert site_audit.map_pages(["a", "c"], open_worker, n_workers=2) == ["A", "C"]
+    with pytest.raises(ValueError, match="planted failure"):
+        site_audit.map_pages(["a", "b", "c", "d"], open_worker, n_workers=2)
+
+
 # ---------------------------------------------------------------- screenshots for a person to look at
 
 

@@ -17,6 +17,9 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(autouse=True)
 def _seed_everything():
+    # torch's default dtype too: the assignments' notebooks, run in-process by tests/assignments,
+    # set float64, and under pytest-xdist a worker may run them before a library module
+    torch.set_default_dtype(torch.float32)
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
