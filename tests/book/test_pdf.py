@@ -32,11 +32,12 @@ def test_pdf_has_every_page_and_figure(html_dir):
     assert [item.title for item in reader.outline] == titles
     # Each page's title is in the text, where its bookmark points.
     starts = [reader.get_destination_page_number(item) for item in reader.outline]
+    texts = [page.extract_text() for page in reader.pages]  # once: pypdf takes about a second a page
     for title, start in zip(titles, starts):
-        assert squash(title) in squash(reader.pages[start].extract_text()), f"{title!r} not on PDF page {start + 1}"
+        assert squash(title) in squash(texts[start]), f"{title!r} not on PDF page {start + 1}"
     # Every figure of the book is embedded as an image.
     embedded = sum(len(page.images) for page in reader.pages)
     assert figures > 0 and embedded >= figures, f"{embedded} images in the PDF for {figures} figures in the book"
     # Maths is typeset, not raw TeX.
-    text = "".join(page.extract_text() for page in reader.pages)
+    text = "".join(texts)
     assert "\\frac" not in text and "$$" not in text
