@@ -3,7 +3,8 @@ through the real ``nbgrader autograde`` of the course's configuration (book/inst
 
 Each cheater hands in the chapter 3 assignment with Task 4 answered honestly (2 points) and Tasks 1
 to 3 faked by one trick: rewriting the grading files, reading and printing the course secret,
-patching ``coursework``, overriding ``own`` and the checks in the notebook, loading a renamed copy
+patching ``coursework`` in the kernel or handing in a tampered ``coursework.py``, overriding ``own``
+and the checks in the notebook, loading a renamed copy
 of the library, executing the instructor's source notebook, writing into another student's
 submission and the gradebook, or reaching the network. Each must score exactly 2 (its faked tasks 0), the course's files must stay
 byte for byte as they were, the secret must appear in no graded notebook, and the honest student
@@ -104,12 +105,16 @@ coursework.own = lambda f, ns=None: f
 coursework.hidden_checks = lambda *a, **k: None
 import sys
 sys.modules["coursework"] = coursework
+print("coursework patched in", coursework.__file__)
 ''',
         "d-override-own": ZEROS + '''
 own = lambda f, ns=None: f
 check_close = check = check_shape = lambda *a, **k: None
 hidden_checks = lambda *a, **k: None
+print("own overridden")
 ''',
+        # the checks' helpers handed in tampered (TAMPERED below), nothing else faked in the notebook
+        "i-tampered-coursework-file": ZEROS,
         "e-renamed-library": f'''
 import importlib.util, sys
 sys.path.insert(0, {str(library.parent)!r})
@@ -169,6 +174,12 @@ except OSError as e:
     }
 
 
+#: A ``coursework.py`` whose checks pass everything: handed in by ``i-tampered-coursework-file`` (a
+#: submission through the exchange carries the release's files, which a student may edit).
+TAMPERED = ("def check_close(*a, **k): pass\ndef check(*a, **k): pass\ndef check_shape(*a, **k): pass\n"
+            "def own(f, ns=None): return f\ndef hidden_checks(*a, **k): pass\n")
+
+
 def snapshot(course: Path) -> dict[str, str]:
     """sha256 of every file of the course but nbgrader's own outputs (autograded/, the gradebook, logs)."""
     skip = ("autograded", "feedback", "gradebook.db", ".nbgrader.log", "grades.csv")
@@ -190,6 +201,12 @@ def hand_in(course: Path, student: str, cells: dict[str, str]) -> None:
     dest = course / "submitted" / student / A
     dest.mkdir(parents=True)
     (dest / f"{A}.ipynb").write_text(json.dumps(nb, indent=1))
+    # the release's other files come back with the notebook, as `nbgrader submit` hands them in
+    for path in (course / "release" / A).iterdir():
+        if path.is_file() and path.suffix != ".ipynb":
+            (dest / path.name).write_bytes(path.read_bytes())
+    if student == "i-tampered-coursework-file":
+        (dest / "coursework.py").write_text(TAMPERED)
 
 
 def autograde(course: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -291,6 +308,18 @@ def test_no_byte_leaves_through_the_network(graded):
     course, _, _, received, _ = graded
     assert received == []
     assert "no network" in (course / "autograded" / "h-network" / A / f"{A}.ipynb").read_text()
+
+
+@needs_sandbox
+def test_the_tricks_in_the_kernel_ran(graded):
+    """The patches of ``coursework`` and ``own`` really ran in the student's kernel (so they failed
+    because the checks run elsewhere, not because an import failed before the trick), and a tampered
+    ``coursework.py`` handed in was replaced by the instructor's before grading."""
+    autograded = graded[0] / "autograded"
+    assert "coursework patched in" in (autograded / "c-patch-coursework" / A / f"{A}.ipynb").read_text()
+    assert "own overridden" in (autograded / "d-override-own" / A / f"{A}.ipynb").read_text()
+    tampered = autograded / "i-tampered-coursework-file" / A / "coursework.py"
+    assert tampered.read_bytes() == (graded[0] / "source" / A / "coursework.py").read_bytes()
 
 
 @needs_sandbox
