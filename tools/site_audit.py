@@ -48,6 +48,9 @@ with touch (a phone) and at 900 x 900 (a tablet) and list, per device:
 ``equations_not_fitting``
     Pages where more than a tenth of the display equations scroll sideways, and any equation
     that scrolls without the ``maths-scrolls`` cue (``book/assets/maths_fit.js``).
+``first_sentence_off_screen``
+    Pages whose first sentence of prose (the first paragraph outside boxes, code, figures and
+    tables) starts below the first screen: the reader must scroll past a box to start reading.
 
 Usage::
 
@@ -124,6 +127,7 @@ MOBILE_CHECKS = (
     "explorer_fit",
     "equation_numbers_overlap",
     "equations_not_fitting",
+    "first_sentence_off_screen",
 )
 #: The smallest touch target the book draws for an explorer's control (WCAG 2.2 asks 24 px).
 MIN_TARGET_PX = 44
@@ -345,8 +349,14 @@ _MOBILE_SCRIPT = r"""
 () => {
   const article = document.querySelector('article.bd-article') || document.querySelector('article') || document.body;
   const width = window.innerWidth;
-  const out = {pageWidth: document.documentElement.scrollWidth, width: width, images: [], explorers: [],
-               equations: []};
+  const out = {pageWidth: document.documentElement.scrollWidth, width: width, height: window.innerHeight,
+               images: [], explorers: [], equations: []};
+  // the page's first sentence of prose: the first visible paragraph outside boxes, code and figures
+  const first = [...article.querySelectorAll('p')].find(p => p.offsetParent !== null
+      && p.textContent.trim().length > 30
+      && !p.closest('.admonition, nav, .cell_input, .cell_output, figure, table, .toctree-wrapper, dl'));
+  out.firstSentence = first ? {top: first.getBoundingClientRect().top + window.scrollY,
+                               text: first.textContent.trim().slice(0, 50)} : null;
   for (const img of article.querySelectorAll('img')) {
     if (img.offsetParent === null) continue;
     const holder = img.closest('figure, .cell_output, .page-explorer, p, div') || article;
@@ -467,6 +477,10 @@ def mobile_audit(html_dir: Path, pages: list[str] | None = None, browser=None,
                     out["equation_numbers_overlap"].append(f"{rel}: {eq['id'] or 'an equation'}")
                 if eq["scrolls"] and not eq["cue"]:
                     out["equations_not_fitting"].append(f"{rel}: {eq['id'] or 'an equation'} scrolls without a cue")
+            first = info.get("firstSentence")
+            if first and first["top"] > info["height"]:  # a reader must scroll to the first sentence
+                out["first_sentence_off_screen"].append(
+                    f"{rel}: {first['text']!r}... starts {first['top']:.0f} px down on a {info['height']}-px screen")
             scrolling = sum(eq["scrolls"] for eq in eqs)
             if eqs and scrolling > MAX_SCROLLING_SHARE * len(eqs):
                 out["equations_not_fitting"].append(f"{rel}: {scrolling} of {len(eqs)} display equations scroll")

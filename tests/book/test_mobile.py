@@ -355,6 +355,21 @@ def mobile_findings(html_dir, browser):
 
 
 
+def test_a_page_that_opens_with_a_box_is_found(tmp_path, browser):
+    """The first-screen check of the phone pass fails on a page whose first sentence sits under a
+    tall box (chapter 3 once opened with its Sources: its first sentence 1,677 px down on a phone)."""
+    stub = ("<script>window.MathJax = {startup: {promise: Promise.resolve()}};"
+            " document.documentElement.dataset.mathsFitted = 'true';</script>")
+    prose = "<p>The first sentence of the page, which a reader should see without scrolling.</p>"
+    box = '<div class="admonition" style="height: 1200px"><p>Sources, mapped equation by equation to ours.</p></div>'
+    for name, body in (("boxed.html", box + prose), ("prose.html", prose + box)):
+        (tmp_path / name).write_text(f"<html><head>{stub}</head><body><article class='bd-article'><h1>T</h1>"
+                                     f"{body}</article></body></html>")
+    found = site_audit.mobile_audit(tmp_path, pages=["boxed.html", "prose.html"], browser=browser,
+                                    devices=("phone",))["phone"]["first_sentence_off_screen"]
+    assert len(found) == 1 and found[0].startswith("boxed.html"), found
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("device", list(site_audit.DEVICES))
 @pytest.mark.parametrize("check", site_audit.MOBILE_CHECKS)
