@@ -106,3 +106,28 @@ def test_the_changelog_has_this_version():
     )
     for version, _ in versions:
         assert f"[{version}]: " in changelog, f"no link for [{version}]"
+
+
+def test_set_citation_names_persons_in_all_three_places(tmp_path):
+    """tools/set_citation.py (issue 28: authors an instructor can name) rewrites CITATION.cff, the
+    BibTeX entry and the text citation together; the result is valid CFF and agrees with itself."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("set_citation", ROOT / "tools" / "set_citation.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    persons = [tool.parse_person("Ada Lovelace"), tool.parse_person("Noether, Emmy")]
+    cff_text, preface = tool.rewrite(persons, (ROOT / "CITATION.cff").read_text(), PREFACE)
+    (tmp_path / "CITATION.cff").write_text(cff_text)
+    result = validate(tmp_path / "CITATION.cff")
+    assert result.returncode == 0, result.stdout + result.stderr
+    cff = yaml.safe_load(cff_text)
+    assert cff["authors"] == [{"family-names": "Lovelace", "given-names": "Ada"},
+                              {"family-names": "Noether", "given-names": "Emmy"}]
+    assert bibtex_entry(preface)["author"] == "Lovelace, Ada and Noether, Emmy"
+    assert "> Lovelace, Ada and Noether, Emmy (2026). *Attention as Optimization*" in preface
+    # only the authors change: today's authors give back today's files
+    back_cff, back_preface = tool.rewrite(CFF["authors"], cff_text, preface)
+    assert (back_cff, back_preface) == ((ROOT / "CITATION.cff").read_text(), PREFACE)
+    with pytest.raises(ValueError):
+        tool.parse_person("Cher")
