@@ -190,6 +190,40 @@ def test_ch3_two_sided(results):
     assert gaps[-1] < gaps[0] * 1e-6
 
 
+def test_ch3_flash_kernel(results):
+    """The notebook on the kernel and the page book/ch3/flash_kernel.md that quotes it."""
+    r = results("ch3_flash_kernel")
+    assert r["scale"] == "book"
+    # "every row's threshold lies in the bracket [m_i - 1, m_i - n_i^(1 - alpha)]"
+    assert r["threshold_in_bracket"] is True
+    # page: "over all 8,496 rows, Newton from the left needed between 1 and 8 steps (median 4),
+    # Halley's method between 1 and 5 (median 3) but overshot the root in about a tenth of the
+    # rows, and bisection 45 to 50"
+    assert r["rows"] == 8496
+    assert r["iterations"]["Newton"] == [1, 4, 8]
+    assert r["iterations"]["Halley"] == [1, 3, 5]
+    assert 0.05 < r["halley_overshoot_share"] < 0.15
+    assert r["iterations"]["bisection"][0] == 45 and r["iterations"]["bisection"][2] == 50
+    # notebook: "Halley's in fewer" (than Newton's), "bisection in about fifty"
+    assert r["iterations"]["Halley"][1] < r["iterations"]["Newton"][1] < r["iterations"]["bisection"][1]
+    # page: "1.5-entmax leaves 92 % of MiniLM's allowed weights at zero, yet with tiles of 16 x 16
+    # only 14 % of the allowed tiles can be skipped (57 % with 4 x 4 tiles, 2 % with 32 x 32)"
+    skipped = r["skipped"]
+    assert round(100 * r["zero_share"]) == 92
+    assert [round(100 * skipped[f"1.5-entmax {b}"]) for b in (4, 16, 32)] == [57, 14, 2]
+    # notebook: "the share of tiles that can be skipped ... falls as the tiles grow", for both maps,
+    # and sparsemax (sparser) skips more than 1.5-entmax
+    for name in ("1.5-entmax", "sparsemax"):
+        shares = [skipped[f"{name} {b}"] for b in (4, 8, 16, 32)]
+        assert all(a > b for a, b in zip(shares, shares[1:])), (name, shares)
+    assert all(skipped[f"sparsemax {b}"] > skipped[f"1.5-entmax {b}"] for b in (4, 8, 16, 32))
+    # "agrees with the dense path to single-precision rounding ... and skips precisely the tiles"
+    assert r["forward_error"] < 1e-5 and r["backward_error"] < 1e-4
+    assert r["tiles_loaded_equal_needed"] is True
+    # "Its threshold passes, a handful per block of queries"
+    assert 1 <= r["threshold_passes"][0] and r["threshold_passes"][1] <= 10
+
+
 def test_ch3_exercise_solutions():
     """The code of the two solutions on book/ch3/exercises.md runs and prints what their text says."""
     out = dict(line.split(": ", 1) for line in run_solution(3, "ch3-ex-code-sparsemax"))
