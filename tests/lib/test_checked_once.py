@@ -139,3 +139,19 @@ def test_density_view_checks_its_inputs_once():
     mu, V = torch.tensor([[0.4, 0.6], [0.5, 0.5]], dtype=F64), torch.eye(2, dtype=F64) * 0.02
     counts = data_checks_each(lambda: density_view(values, mu, V), lambda: density_view(values, mu, V, "truncated_paraboloid"))
     assert counts == [5, 5]
+
+
+def test_particle_flow_checks_its_particles_once():
+    """particle_flow checks x once (finite) and then runs the flow's engine: its data checks are the
+    public flow's minus that flow's own check of x (it called self_attention_flow, which checked x
+    a second time), and its layers are the public flow's bit for bit."""
+    from attnopt.explore import particle_flow
+
+    x = torch.randn(2, 7, 3, dtype=F64)
+    for variant, kwargs in (("attention", {}), ("sphere", dict(residual=True, normalize="sphere"))):
+        start = x if variant == "attention" else x / x.norm(dim=-1, keepdim=True)
+        ours, public = data_checks_each(lambda: particle_flow(x, 0.5, 4, variant=variant),
+                                        lambda: self_attention_flow(start, 4, scale=2.0, **kwargs))
+        assert ours == public, (variant, ours, public)  # x once, one guard per layer, the last layer once
+        view = particle_flow(x, 0.5, 4, variant=variant)
+        assert torch.equal(view.layers, self_attention_flow(start, 4, scale=2.0, **kwargs)), variant

@@ -40,8 +40,7 @@ from ..continuous import _expectations as expectations
 from ..continuous._moments import match_moments, paraboloid_scale
 from ..continuous.value_functions import GaussianRBF, ridge_value_function
 from ..fenchel._solvers import KLFamily, generalized_weights, solve as fenchel_solve
-from ..kernels import self_attention_flow
-from ..kernels._softmatch import kernel_logits
+from ..kernels._softmatch import flow, kernel_logits
 from ..transforms import alibi_log_prior, entmax, one_sided_eot, softmax, sparsemax
 from ..transforms._one_sided import one_sided_plan
 from ..transforms._thresholds import softmax_last
@@ -278,12 +277,12 @@ def particle_flow(x, temperature, depth: int, *, variant: str = "attention", res
     depth = check_int(depth, "depth", minimum=0)
     variant = check_choice(variant, "variant", ("attention", "sphere"))
     resolution = check_positive(resolution, "resolution")
-    if variant == "sphere":
+    sphere = variant == "sphere"
+    if sphere:
         x = x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
-        kwargs = dict(residual=True, normalize="sphere")
-    else:
-        kwargs = {}
-    layers = self_attention_flow(x, depth, scale=1.0 / temperature, **kwargs)
+    # the engine of kernels.self_attention_flow: x is checked above, not again there
+    layers = flow(x, depth, None, None, None, None, "dot", 1.0 / temperature, sphere, 1.0,
+                  "sphere" if sphere else None)
     diameters = torch.cdist(layers, layers).amax(dim=(-2, -1))
     clusters = count_clusters(layers, resolution * diameters[0])
     return FlowView(layers=layers, diameters=diameters, clusters=clusters)

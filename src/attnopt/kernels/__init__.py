@@ -52,9 +52,9 @@ from ._checks import (
     tilt_args,
 )
 from ._maxent import newton_tilt
-from ._softmatch import Similarity, attend, softmatch_weights, weighted_sum
+from ._softmatch import Similarity, flow, softmatch_weights, weighted_sum
 from .._numerics import log_or_neg_inf
-from .._validation import as_float_tensor, check_bool, check_choice, check_int, check_no_overflow, check_positive, require
+from .._validation import as_float_tensor, check_bool, check_choice, check_int, check_positive, require
 
 __all__ = [
     "EmpiricalMeasure",
@@ -591,26 +591,8 @@ def self_attention_flow(x, depth: int, *, w_q=None, w_k=None, w_v=None, weights=
     if x.shape[-2] == 0:
         return torch.stack([x] * (depth + 1))
     mu_w = EmpiricalMeasure._named(x, weights, "x", "weights").weights  # also checks x
-    layers = [x]
-    for h in range(depth):  # layers are sequential; everything inside a layer is batched
-        q = x if wq is None else x @ wq[h]
-        k = x if wk is None else x @ wk[h]
-        v = x if wv is None else x @ wv[h]
-        # q, k, v come from checked tensors: the engine guards only the logits against overflow
-        # (issue 29: nothing checked twice); the last layer's output is guarded below
-        out, _ = attend(q, k, None if weights is None else mu_w, v, similarity, scale,
-                        f"the queries of layer {h + 1}", f"the keys of layer {h + 1}")
-        out = step_size * out
-        x = x + out if residual else out
-        if normalize == "layer":
-            x = torch.nn.functional.layer_norm(x, (d,))
-        elif normalize == "sphere":
-            x = x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
-        layers.append(x)
-    layers = torch.stack(layers)
-    if depth:
-        check_no_overflow(layers[-1], "the particles after the last layer", "x, w_v or step_size")
-    return layers
+    return flow(x, depth, wq, wk, wv, None if weights is None else mu_w, similarity, scale, residual, step_size,
+                normalize)
 
 
 # -------- maximum entropy (Thm. 14) ---------------------------------------------------------

@@ -127,3 +127,30 @@ def attend(queries: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | No
         require_live_rows(logits)
     kernel = torch.softmax(logits, dim=-1)
     return weighted_sum(kernel, values.unsqueeze(-3)), kernel
+
+
+def flow(x: torch.Tensor, depth: int, wq, wk, wv, weights: torch.Tensor | None, similarity: Similarity, scale,
+         residual: bool, step_size: float, normalize: str | None) -> torch.Tensor:
+    """The layers ``(depth + 1, ..., N, d)`` of :func:`attnopt.kernels.self_attention_flow` on checked
+    arguments (``x`` with at least one particle; ``wq``/``wk``/``wv`` ``None`` or ``(depth, d, d')``).
+
+    The queries, keys and values of each layer come from checked tensors, so only the logits are
+    guarded against overflow (in :func:`attend`), and the last layer's particles once at the end."""
+    d = x.shape[-1]
+    layers = [x]
+    for h in range(depth):  # layers are sequential; everything inside a layer is batched
+        q = x if wq is None else x @ wq[h]
+        k = x if wk is None else x @ wk[h]
+        v = x if wv is None else x @ wv[h]
+        out, _ = attend(q, k, weights, v, similarity, scale, f"the queries of layer {h + 1}", f"the keys of layer {h + 1}")
+        out = step_size * out
+        x = x + out if residual else out
+        if normalize == "layer":
+            x = torch.nn.functional.layer_norm(x, (d,))
+        elif normalize == "sphere":
+            x = x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+        layers.append(x)
+    layers = torch.stack(layers)
+    if depth:
+        check_no_overflow(layers[-1], "the particles after the last layer", "x, w_v or step_size")
+    return layers
