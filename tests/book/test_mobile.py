@@ -358,7 +358,8 @@ def mobile_findings(html_dir, browser):
 def test_a_page_that_opens_with_a_box_is_found(tmp_path, browser):
     """The first-screen check of the phone pass fails on a page whose first sentence sits under a
     tall box (chapter 3 once opened with its Sources: its first sentence 1,677 px down on a phone)."""
-    stub = ("<script>window.MathJax = {startup: {promise: Promise.resolve()}};"
+    stub = ('<meta name="viewport" content="width=device-width, initial-scale=1">'  # as the book's pages
+            "<script>window.MathJax = {startup: {promise: Promise.resolve()}};"
             " document.documentElement.dataset.mathsFitted = 'true';</script>")
     prose = "<p>The first sentence of the page, which a reader should see without scrolling.</p>"
     box = '<div class="admonition" style="height: 1200px"><p>Sources, mapped equation by equation to ours.</p></div>'

