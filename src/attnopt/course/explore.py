@@ -281,8 +281,8 @@ def particle_flow(x, temperature, depth: int, *, variant: str = "attention", res
     if sphere:
         x = x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
     # the engine of kernels.self_attention_flow: x is checked above, not again there
-    layers = flow(x, depth, None, None, None, None, "dot", 1.0 / temperature, sphere, 1.0,
-                  "sphere" if sphere else None)
+    layers = flow(x, depth, wq=None, wk=None, wv=None, weights=None, similarity="dot", scale=1.0 / temperature,
+                  residual=sphere, step_size=1.0, normalize="sphere" if sphere else None)
     diameters = torch.cdist(layers, layers).amax(dim=(-2, -1))
     clusters = count_clusters(layers, resolution * diameters[0])
     return FlowView(layers=layers, diameters=diameters, clusters=clusters)
