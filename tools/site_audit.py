@@ -48,6 +48,10 @@ with touch (a phone) and at 900 x 900 (a tablet) and list, per device:
 ``equations_not_fitting``
     Pages where more than a tenth of the display equations scroll sideways, and any equation
     that scrolls without the ``maths-scrolls`` cue (``book/assets/maths_fit.js``).
+``small_figure_text_on_phone``
+    Figures whose smallest text (:data:`MIN_FONT_PT` at the PNG's DPI) shows below
+    :data:`MIN_PHONE_TEXT_PX` on the screen, for the image the browser chose (a wide figure's
+    phone variant, ``book/_ext/phone_figures.py``, where it has one).
 ``first_sentence_off_screen``
     Pages whose first sentence of prose (the first paragraph outside boxes, code, figures and
     tables) starts below the first screen: the reader must scroll past a box to start reading.
@@ -127,8 +131,11 @@ MOBILE_CHECKS = (
     "explorer_fit",
     "equation_numbers_overlap",
     "equations_not_fitting",
+    "small_figure_text_on_phone",
     "first_sentence_off_screen",
 )
+#: The smallest figure text a phone or a tablet may show, in CSS px (issue 27 asks 8.5).
+MIN_PHONE_TEXT_PX = 8.5
 #: The smallest touch target the book draws for an explorer's control (WCAG 2.2 asks 24 px).
 MIN_TARGET_PX = 44
 #: The share of a page's display equations that may scroll sideways on a phone or a tablet.
@@ -362,7 +369,8 @@ _MOBILE_SCRIPT = r"""
     const holder = img.closest('figure, .cell_output, .page-explorer, p, div') || article;
     const r = img.getBoundingClientRect(), h = holder.getBoundingClientRect();
     out.images.push({src: (img.getAttribute('src') || '').slice(0, 60), right: r.right, width: r.width,
-                     holderRight: h.right, articleRight: article.getBoundingClientRect().right});
+                     holderRight: h.right, articleRight: article.getBoundingClientRect().right,
+                     current: img.currentSrc || img.src, natural: img.naturalWidth});
   }
   for (const root of article.querySelectorAll('.page-explorer')) {
     const r = root.getBoundingClientRect();
@@ -464,6 +472,11 @@ def mobile_audit(html_dir: Path, pages: list[str] | None = None, browser=None,
             for img in info["images"]:
                 if img["right"] > min(img["holderRight"], img["articleRight"], info["width"]) + 1:
                     out["cut_figures"].append(f"{rel}: {img['src']} ({img['width']:.0f} px wide)")
+                px = _figure_text_px(html_dir, base, img)
+                if px is not None and px < MIN_PHONE_TEXT_PX:
+                    name = unquote(img["current"].rsplit("/", 1)[-1])
+                    out["small_figure_text_on_phone"].append(
+                        f"{rel}: {name}: {MIN_FONT_PT:g}-pt text shows at {px:.1f} px ({img['natural']} px wide, shown {img['width']:.0f} px)")
             for ex in info["explorers"]:
                 if ex["right"] > info["width"] + 1 or ex["small"] or not ex["wired"]:
                     why = ", ".join(filter(None, [
@@ -485,6 +498,18 @@ def mobile_audit(html_dir: Path, pages: list[str] | None = None, browser=None,
             if eqs and scrolling > MAX_SCROLLING_SHARE * len(eqs):
                 out["equations_not_fitting"].append(f"{rel}: {scrolling} of {len(eqs)} display equations scroll")
     return found
+
+
+def _figure_text_px(html_dir: Path, base: str, img: dict) -> float | None:
+    """The CSS size at which ``img`` (an image of a mobile visit) shows :data:`MIN_FONT_PT` text:
+    the chosen file's DPI (a Matplotlib PNG's pHYs chunk), scaled by its shown width over its
+    natural one; None for images without a DPI (photographs, explorer frames, icons)."""
+    url = (img.get("current") or "").split("?")[0].split("#")[0]
+    if not url.startswith(base) or not url.endswith(".png") or not img.get("natural") or not img.get("width"):
+        return None
+    file = html_dir / unquote(url[len(base):].lstrip("/"))
+    dpi = _png_dpi(file) if file.is_file() else None
+    return MIN_FONT_PT / 72 * dpi * img["width"] / img["natural"] if dpi else None
 
 
 def audit(html_dir: Path, pages: list[str] | None = None, browser=None,

@@ -10,6 +10,8 @@
   DOM, before MathJax has typeset it.
 * The keyboard: a skip link first, no formula in the Tab order, an explorer's first control within
   40 presses of Tab.
+* Figures a phone can read: a multi-panel figure comes stacked, 4 inches wide, on a phone
+  (book/_ext/phone_figures.py), its text at 8.5 px or more; a desk never loads it.
 * Display equations: at least 90 % fit a phone's column, the rest scroll with a cue, and no
   equation number is drawn over its equation; nested boxes keep most of the column.
 * The phone and tablet pass of tools/site_audit.py over every page (slow).
@@ -369,6 +371,57 @@ def test_a_page_that_opens_with_a_box_is_found(tmp_path, browser):
     found = site_audit.mobile_audit(tmp_path, pages=["boxed.html", "prose.html"], browser=browser,
                                     devices=("phone",))["phone"]["first_sentence_off_screen"]
     assert len(found) == 1 and found[0].startswith("boxed.html"), found
+
+
+def test_a_figure_whose_text_a_phone_cannot_read_is_found(tmp_path, browser):
+    """The figure-text check of the phone pass: a 715-px, 110-dpi figure (a house figure 6.5 inches
+    wide) scaled into a phone's column shows its 10-pt text under 8.5 px and is found; offered with a
+    440-px phone variant in a ``<picture>``, as book/_ext/phone_figures.py writes it, it is not."""
+    from PIL import Image
+
+    for name, width in (("wide.png", 715), ("narrow.png", 440)):
+        Image.new("RGB", (width, 300), "white").save(tmp_path / name, dpi=(110, 110))
+    stub = ('<meta name="viewport" content="width=device-width, initial-scale=1">'
+            "<style>img {max-width: 100%; height: auto}</style>"
+            "<script>window.MathJax = {startup: {promise: Promise.resolve()}};"
+            " document.documentElement.dataset.mathsFitted = 'true';</script>")
+    bodies = {"desk-only.html": '<figure><img src="wide.png" alt="a wide figure"></figure>',
+              "with-variant.html": '<figure><picture><source media="(max-width: 600px)" srcset="narrow.png">'
+                                   '<img src="wide.png" alt="a wide figure"></picture></figure>'}
+    for name, body in bodies.items():
+        (tmp_path / name).write_text(f"<html><head>{stub}</head><body><article class='bd-article'><h1>T</h1>"
+                                     f"<p>The first sentence of the page, long enough to count as prose.</p>"
+                                     f"{body}</article></body></html>")
+    found = site_audit.mobile_audit(tmp_path, pages=sorted(bodies), browser=browser,
+                                    devices=("phone",))["phone"]["small_figure_text_on_phone"]
+    assert len(found) == 1 and found[0].startswith("desk-only.html"), found
+
+
+@pytest.mark.parametrize("path", ["book/ch3/sinkhorn.html", "book/ch1/duality.html", "notebooks/ch3_two_sided.html"])
+def test_a_phone_gets_the_stacked_figures_and_a_desk_the_wide_ones(browser, server, html_dir, path):
+    """On a phone each multi-panel figure is its phone variant (stacked, 4 inches wide), whose text
+    shows at 8.5 px or more; a desk loads no phone variant at all."""
+    shown = {}
+    for device in ("phone", "desk"):
+        context, page = _open(browser, server, path, device)
+        try:
+            images = page.evaluate("""() => Array.from(document.querySelectorAll('article.bd-article figure img'))
+                .filter(i => i.offsetParent).map(i => ({current: i.currentSrc, natural: i.naturalWidth,
+                                                        width: i.getBoundingClientRect().width}))""")
+            fetched = page.evaluate("() => performance.getEntriesByType('resource').map(e => e.name)")
+        finally:
+            context.close()
+        shown[device] = images
+        phone = [i for i in images if "/_images/phone/" in i["current"]]
+        if device == "phone":
+            assert phone, f"{path}: no figure offers a phone variant"
+            small = [(i["current"].rsplit("/", 1)[-1], round(px, 1)) for i in images
+                     if (px := site_audit._figure_text_px(html_dir, server, i)) is not None
+                     and px < site_audit.MIN_PHONE_TEXT_PX]
+            assert not small, f"{path}: figure text under {site_audit.MIN_PHONE_TEXT_PX} px on a phone: {small}"
+        else:
+            assert not phone and not [u for u in fetched if "/_images/phone/" in u], f"{path}: a desk loaded phone figures"
+    assert len(shown["phone"]) == len(shown["desk"])
 
 
 @pytest.mark.slow

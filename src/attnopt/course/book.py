@@ -10,12 +10,16 @@ drift apart silently.  Tables and figures for the book go through :func:`markdow
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
 import math
 import os
 import random
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -334,7 +338,73 @@ def save_figure(fig, name: str):
     path = _figure_path(name, ".png")
     if path is not None:
         fig.savefig(path)
+        _save_phone_variant(fig, path, path.with_name(path.stem + ".phone.png"))
     return path
+
+
+def _save_phone_variant(fig, drawn, phone: Path) -> Path | None:
+    """Save ``fig``'s phone variant as ``phone`` when a phone would show the text of ``drawn`` (the
+    desk figure's PNG: a path or a file object) under 8.5 px: the panels stacked 4 inches wide
+    (:func:`attnopt.course.plotting.stacked_for_phone`).  The book's HTML offers it to narrow
+    screens (``book/_ext/phone_figures.py``).  Returns the variant's path, or None."""
+    from PIL import Image
+
+    from .plotting import PHONE_MIN_TEXT_PX, phone_text_px, stacked_for_phone
+
+    phone.unlink(missing_ok=True)  # a figure that no longer needs one must not keep a stale one
+    with Image.open(drawn) as image:
+        width, dpi = image.size[0], image.info.get("dpi", (fig.dpi,))[0]
+    if phone_text_px(width, dpi=dpi) >= PHONE_MIN_TEXT_PX:
+        return None
+    try:
+        with stacked_for_phone(fig):
+            fig.savefig(phone)
+    except Exception as err:  # a figure that cannot be laid out again keeps its desk form
+        phone.unlink(missing_ok=True)
+        warnings.warn(f"no phone variant for {phone.name}: {err}", RuntimeWarning, stacklevel=3)
+        return None
+    return phone
+
+
+def _phone_variants_of_outputs() -> None:
+    """In the book's build, give every figure a notebook displays its phone variant.
+
+    A notebook's page in the book shows its figure outputs, which ``myst-nb`` writes as
+    ``_images/<sha256 of the PNG>.png``.  Inside IPython with ``$ATTNOPT_FIGURES_DIR`` set (the
+    book's runner), the inline backend's PNG formatter is wrapped: after it draws a figure, the
+    figure's phone variant (:func:`_save_phone_variant`'s rule) is saved as
+    ``$ATTNOPT_FIGURES_DIR/outputs/<sha256 of the PNG drawn>.png``, which
+    ``book/_ext/phone_figures.py`` finds by the output's file name.  Elsewhere nothing changes."""
+    folder = os.environ.get(FIGURES_ENV)
+    if not folder:
+        return
+    try:
+        from IPython import get_ipython
+        from matplotlib.figure import Figure
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    formatter = shell.display_formatter.formatters["image/png"]
+    try:
+        draw = formatter.lookup_by_type(Figure)
+    except KeyError:
+        return
+    if getattr(draw, "phone_variants", False):
+        return
+
+    def draw_with_phone_variant(fig, *args, **kwargs):
+        data = draw(fig, *args, **kwargs)
+        raw = base64.b64decode(data) if isinstance(data, str) else data
+        if isinstance(raw, bytes) and raw:
+            path = Path(folder) / "outputs" / f"{hashlib.sha256(raw).hexdigest()}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _save_phone_variant(fig, io.BytesIO(raw), path)
+        return data
+
+    draw_with_phone_variant.phone_variants = True
+    formatter.for_type(Figure, draw_with_phone_variant)
 
 
 def _figure_path(name: str, suffix: str) -> Path | None:

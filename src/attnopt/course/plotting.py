@@ -11,6 +11,7 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import matplotlib as mpl
@@ -20,7 +21,8 @@ import torch
 
 from .._validation import check_int, check_number
 
-__all__ = ["PALETTE", "attention_heatmap", "small_multiples", "use_book_style"]
+__all__ = ["PALETTE", "PHONE_WIDTH_IN", "attention_heatmap", "phone_text_px", "small_multiples", "stacked_for_phone",
+           "use_book_style"]
 
 #: Okabe–Ito colours, safe for the common forms of colour blindness.
 PALETTE = {
@@ -78,6 +80,9 @@ def use_book_style() -> None:
         set_matplotlib_formats("png", facecolor="white")
     except Exception:
         pass
+    from .book import _phone_variants_of_outputs
+
+    _phone_variants_of_outputs()
 
 
 def _numpy(x) -> np.ndarray:
@@ -184,3 +189,172 @@ def small_multiples(n: int, ncols: int = 3, *, panel_size: tuple[float, float] =
     for ax in flat[n:]:
         ax.set_visible(False)
     return fig, flat[:n]
+
+
+#: The width of a figure's phone variant in inches (440 px at the house DPI; shown in a phone's
+#: 342-px column, a 390-px screen less the page's margins, its 10-pt text is 11.9 CSS px).
+PHONE_WIDTH_IN = 4.0
+#: The text column of a 390-px phone, in CSS px.
+PHONE_COLUMN_PX = 342
+#: The smallest figure text a phone may show, in CSS px (issue 27 of the course asks 8.5).
+PHONE_MIN_TEXT_PX = 8.5
+
+
+def phone_text_px(width_px: float, *, dpi: float = 110.0, font_pt: float = 10.0,
+                  column_px: float = PHONE_COLUMN_PX) -> float:
+    """The size, in CSS px, at which a figure ``width_px`` pixels wide shows ``font_pt`` text in a
+    phone's column: ``font_pt / 72 * dpi`` pixels in the file, scaled by ``min(1, column / width)``
+    (a figure is never drawn larger than its file).
+
+    Examples:
+        A 6.5-inch figure at the house DPI (715 px) shows its 10-pt text at 7.3 px; the 4-inch
+        phone variant at 11.9 px:
+
+        >>> round(phone_text_px(715), 1), round(phone_text_px(440), 1)
+        (7.3, 11.9)
+    """
+    return font_pt / 72 * dpi * min(1.0, column_px / width_px)
+
+
+# The attributes of a Matplotlib legend that packing its entries sets.
+_LEGEND_PACKING = ("_ncols", "_legend_box", "_legend_handle_box", "_legend_title_box", "texts", "legend_handles")
+
+
+def _set_legend_columns(legend, ncols: int) -> None:
+    """Lay ``legend``'s entries out in ``ncols`` columns.  Matplotlib's ``set_ncols`` only records
+    the number (the entries were packed when the legend was made), so the entries are packed
+    again from the legend's own handles and labels, its title kept."""
+    title = legend.get_title()
+    text, props = title.get_text(), title.get_fontproperties()
+    legend._ncols = ncols
+    legend._init_legend_box(list(legend.legend_handles), [t.get_text() for t in legend.texts])
+    legend.set_title(text, prop=props)
+    legend.stale = True
+
+
+@contextlib.contextmanager
+def stacked_for_phone(fig, width: float = PHONE_WIDTH_IN):
+    """Lay ``fig`` out for a phone while the block runs, then restore it exactly.
+
+    Inside the block the figure is ``width`` inches wide and its panels (an axes placed by a grid
+    spec, with its twins, insets and colour bars) are laid out again in reading order (by rows,
+    then columns): one per row, or two per row for small multiples whose panels are at most half
+    the new width.  A panel keeps its shape within limits: its height is scaled by its new width
+    over its old one, clipped to [0.8, 1.5], so that a wide single panel does not flatten and a
+    small multiple does not tower.  Tick labels that a shared axis hid on inner panels come back
+    (each panel now stands alone), a legend placed to the right of its panel moves under it, and a
+    legend wider than the narrow figure takes fewer columns.
+    The fonts keep their size, which is the point: the variant is shown at about its natural
+    width, so its 10-pt text stays about 12 CSS px on a phone, where the desktop figure, scaled
+    into the phone's column, would show it at 7 px.
+
+    Constrained layout (the house figures use it) places the panels anew inside the block and
+    again after it (drawn until they stay put), so the figure drawn after the block is the one
+    that would have been drawn without it.
+
+    Args:
+        fig: a Matplotlib figure.
+        width: the phone variant's width, in inches.
+
+    Examples:
+        Three panels 2.2 inches wide go two to a row; two 3.2 inches wide, one to a row:
+
+        >>> import matplotlib.pyplot as plt
+        >>> fig, axes = plt.subplots(1, 3, figsize=(6.5, 2.4), layout="constrained")
+        >>> with stacked_for_phone(fig):
+        ...     [divmod(int(ax.get_subplotspec().num1), 2) for ax in axes], float(fig.get_size_inches()[0])
+        ([(0, 0), (0, 1), (1, 0)], 4.0)
+        >>> fig.get_size_inches().tolist(), [ax.get_subplotspec().colspan.start for ax in axes]
+        ([6.5, 2.4], [0, 1, 2])
+        >>> fig2, axes2 = plt.subplots(1, 2, figsize=(6.5, 2.4), layout="constrained")
+        >>> with stacked_for_phone(fig2):
+        ...     [ax.get_subplotspec().rowspan.start for ax in axes2]
+        [0, 1]
+        >>> plt.close(fig), plt.close(fig2)
+        (None, None)
+    """
+    from matplotlib.gridspec import GridSpec
+    from matplotlib.transforms import ScaledTranslation
+
+    old_size = fig.get_size_inches().copy()
+    fig_w, fig_h = old_size
+    groups: dict = {}
+    for ax in fig.axes:
+        spec = ax.get_subplotspec()
+        if spec is None or not ax.get_visible():
+            continue  # colour bars and insets follow their parent; hidden panels keep their place
+        key = (id(spec.get_gridspec()), spec.rowspan.start, spec.rowspan.stop, spec.colspan.start, spec.colspan.stop)
+        groups.setdefault(key, (spec, []))[1].append(ax)
+    if not groups:
+        yield fig
+        return
+    order = sorted(groups.values(), key=lambda g: (g[0].rowspan.start, g[0].colspan.start))
+    sizes = []
+    for spec, _ in order:
+        nrows, ncols = spec.get_gridspec().get_geometry()
+        sizes.append((fig_w * len(spec.colspan) / ncols, fig_h * len(spec.rowspan) / nrows))
+    per_row = 2 if len(order) > 2 and max(w for w, _ in sizes) <= 0.55 * width else 1
+    rows = -(-len(order) // per_row)
+    heights = [0.0] * rows
+    for i, (w, h) in enumerate(sizes):
+        heights[i // per_row] = max(heights[i // per_row], h * float(np.clip(width / per_row / w, 0.8, 1.5)))
+    extra = 0.35 * len(fig.legends) + (0.3 if getattr(fig, "_suptitle", None) is not None else 0.0)
+    # what is changed besides the grid, to be put back: (axis, tick-label keyword, value)
+    ticks, legends, columns = [], [], []
+    for _, axes in order:
+        for ax in axes:
+            shared_x = len(ax.get_shared_x_axes().get_siblings(ax)) > 1
+            shared_y = len(ax.get_shared_y_axes().get_siblings(ax)) > 1
+            for axis, keyword, shared in ((ax.xaxis, "labelbottom", shared_x), (ax.yaxis, "labelleft", shared_y)):
+                first = axis.get_major_ticks()[:1]
+                if shared and first and not first[0].label1.get_visible():
+                    ticks.append((axis, keyword))
+            legend = ax.get_legend()
+            if legend is not None and legend.get_bbox_to_anchor().x0 >= ax.bbox.x1 - 2:
+                legends.append((ax, legend, legend._loc, legend._bbox_to_anchor))
+    stack = GridSpec(rows, per_row, figure=fig, height_ratios=heights)
+    try:
+        fig.set_size_inches(width, sum(heights) + extra + 0.6 * len(legends))
+        for i, (_, axes) in enumerate(order):
+            for ax in axes:
+                ax.set_subplotspec(stack[i // per_row, i % per_row])
+        for axis, keyword in ticks:
+            axis.set_tick_params(which="both", **{keyword: True})
+        renderer = fig.canvas.get_renderer()
+        fig.draw_without_rendering()
+        for ax, legend, _, _ in legends:
+            # under the panel's x axis (its tick labels and label), whatever height the layout gives it
+            below = (ax.bbox.y0 - ax.xaxis.get_tightbbox(renderer).y0) / fig.dpi + 0.05
+            legend.set_bbox_to_anchor((0.5, 0.0), transform=ax.transAxes + ScaledTranslation(0, -below, fig.dpi_scale_trans))
+            legend._loc = 9  # upper center
+        # a legend wider than the narrow figure takes fewer columns (it would widen the figure)
+        for legend in [*fig.legends, *(ax.get_legend() for _, axes in order for ax in axes)]:
+            if legend is None or legend._ncols < 2:
+                continue
+            # what packing replaces, kept to be put back as it was (packing again is not bit-exact)
+            columns.append((legend, {name: getattr(legend, name) for name in _LEGEND_PACKING}))
+            while legend._ncols > 1 and legend.get_window_extent(renderer).width > 0.98 * fig.bbox.width:
+                _set_legend_columns(legend, legend._ncols - 1)
+                fig.draw_without_rendering()
+        yield fig
+    finally:
+        for legend, packing in columns:
+            for name, value in packing.items():
+                setattr(legend, name, value)
+            legend.stale = True
+        for spec, axes in order:
+            for ax in axes:
+                ax.set_subplotspec(spec)
+        for axis, keyword in ticks:
+            axis.set_tick_params(which="both", **{keyword: False})
+        for _, legend, loc, anchor in legends:
+            legend._loc, legend._bbox_to_anchor = loc, anchor
+            legend.stale = True
+        fig.set_size_inches(old_size)
+        # Constrained layout starts each draw from the last one's margins (colour bars take two
+        # draws to settle): draw until the panels stay put, so the next draw is the one it replaced.
+        for _ in range(4):
+            before = [ax.get_position().bounds for ax in fig.axes]
+            fig.draw_without_rendering()
+            if before == [ax.get_position().bounds for ax in fig.axes]:
+                break
