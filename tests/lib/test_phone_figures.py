@@ -57,26 +57,38 @@ def _figure(kind: str):
                    loc="outside lower center", ncol=4, title="lines")
     if kind == "legend_right":
         axes[-1].legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    if kind == "legend_below":  # chapter 5's Fig. 5.1: four entries in a row under one panel
+        fig.delaxes(axes[1])
+        axes = axes[:1]
+        axes[0].set_subplotspec(fig.add_gridspec(1, 1)[0])
+        for label in ("Fenchel dual", "Markov kernel", "one-sided transport"):
+            axes[0].plot(np.arange(5), np.arange(5) ** 0.5, "o", label=label)
+        axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=4)
     if kind == "twin":
         axes[0].twinx().plot([0, 4], [1, 0], color="k")
     return fig, list(axes)
 
 
-KINDS = ["sharey", "colorbar", "figure_legend", "legend_right", "small_multiples", "twin"]
+KINDS = ["sharey", "colorbar", "figure_legend", "legend_right", "legend_below", "small_multiples", "twin"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_figure_after_the_block_is_drawn_as_without_it(kind):
+    """Two copies of one figure, drawn alike; one goes through the block: the next draw of each is
+    the same picture (constrained layout starts each draw from the last one's positions, so a
+    legend under its panel or a colour bar moves a little with every draw: the copy that did not go
+    through the block says what the next draw would have been)."""
     fig, _ = _figure(kind)
-    before = _settled(fig)
+    twin, _ = _figure(kind)
+    assert _settled(fig) == _settled(twin)
     with stacked_for_phone(fig):
         _png(fig)
-    assert _png(fig) == before
-    plt.close(fig)
+    assert _png(fig) == _png(twin)
+    plt.close(fig), plt.close(twin)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_variant_stacks_the_panels_in_reading_order(kind):
+def test_the_variant_stacks_the_panels_in_reading_order(kind, recwarn):
     fig, axes = _figure(kind)
     with stacked_for_phone(fig):
         fig.draw_without_rendering()
@@ -100,10 +112,30 @@ def test_the_variant_stacks_the_panels_in_reading_order(kind):
             assert legend.get_window_extent().width <= fig.bbox.width  # no legend widens the figure
         if kind == "figure_legend":
             assert fig.legends[0]._ncols < 4 and fig.legends[0].get_title().get_text() == "lines"
-        if kind == "legend_right":
+        if kind in ("legend_right", "legend_below"):
             fig.draw_without_rendering()
             legend, panel = axes[-1].get_legend().get_window_extent(), axes[-1].get_window_extent()
             assert legend.y1 < panel.y0 and legend.x1 <= fig.bbox.x1 + 1  # under its panel, inside the figure
+            assert legend.y0 >= fig.bbox.y0 - 1  # and not cut off at the figure's foot
+    # a layout Matplotlib could not apply warns (and the warning would show in the book's page)
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)], [str(w.message) for w in recwarn]
+    plt.close(fig)
+
+
+def test_a_layout_that_squeezes_the_panels_is_refused(tmp_path, monkeypatch):
+    """A legend entry wider than a phone's figure cannot be packed narrower: constrained layout
+    gives up and leaves the panel a strip.  The variant is refused (the desk figure stays), loudly,
+    rather than shipped squeezed, as chapter 5's first figure once was."""
+    fig, axes = _figure("sharey")
+    axes[0].legend([axes[0].lines[0]], ["a label too long for the four inches of a phone's figure, too long"],
+                   loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    with pytest.raises(RuntimeError, match="could not fit|of its slot"):
+        with stacked_for_phone(fig):
+            pass
+    monkeypatch.setenv(book.FIGURES_ENV, str(tmp_path))
+    with pytest.warns(RuntimeWarning, match="no phone variant for ch0-squeezed.phone.png"):
+        book.save_figure(fig, "ch0-squeezed")
+    assert not (tmp_path / "ch0-squeezed.phone.png").exists()
     plt.close(fig)
 
 

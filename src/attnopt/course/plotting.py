@@ -12,6 +12,7 @@ References:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Sequence
 
 import matplotlib as mpl
@@ -232,6 +233,24 @@ def _set_legend_columns(legend, ncols: int) -> None:
     legend.stale = True
 
 
+def _check_phone_layout(fig, order, per_row: int, heights, messages) -> None:
+    """Raise RuntimeError unless the phone layout gave every panel a usable place: constrained
+    layout applied (no "collapsed" warning from its last draw), and each panel at least
+    two fifths of its slot's width and a third of its row's height (the rest is labels, titles
+    and colour bars).  A variant whose panels were squeezed to a strip is worse than none."""
+    collapsed = [m for m in messages if "constrained_layout not applied" in m]
+    if collapsed:
+        raise RuntimeError(f"constrained layout could not fit the panels {fig.get_size_inches()[0]:.1f} in wide")
+    fig_h = fig.get_size_inches()[1]
+    for i, (_, axes) in enumerate(order):
+        box = axes[0].get_position()  # in figure fractions
+        width_share, height_share = box.width * per_row, box.height * fig_h / heights[i // per_row]
+        if width_share < 0.4 or height_share < 1 / 3:
+            raise RuntimeError(
+                f"panel {i + 1} of {len(order)} got {width_share:.0%} of its slot's width and "
+                f"{height_share:.0%} of its row's height")
+
+
 @contextlib.contextmanager
 def stacked_for_phone(fig, width: float = PHONE_WIDTH_IN):
     """Lay ``fig`` out for a phone while the block runs, then restore it exactly.
@@ -260,16 +279,21 @@ def stacked_for_phone(fig, width: float = PHONE_WIDTH_IN):
         Three panels 2.2 inches wide go two to a row; two 3.2 inches wide, one to a row:
 
         >>> import matplotlib.pyplot as plt
-        >>> fig, axes = plt.subplots(1, 3, figsize=(6.5, 2.4), layout="constrained")
+        >>> def cells(axes):  # each panel's (row, column) in its grid
+        ...     return [divmod(int(ax.get_subplotspec().num1),
+        ...                    ax.get_gridspec().ncols) for ax in axes]
+        >>> fig, axes = plt.subplots(1, 3, figsize=(6.5, 2.4),
+        ...                          layout="constrained")
         >>> with stacked_for_phone(fig):
-        ...     [divmod(int(ax.get_subplotspec().num1), 2) for ax in axes], float(fig.get_size_inches()[0])
+        ...     cells(axes), float(fig.get_size_inches()[0])
         ([(0, 0), (0, 1), (1, 0)], 4.0)
-        >>> fig.get_size_inches().tolist(), [ax.get_subplotspec().colspan.start for ax in axes]
-        ([6.5, 2.4], [0, 1, 2])
-        >>> fig2, axes2 = plt.subplots(1, 2, figsize=(6.5, 2.4), layout="constrained")
+        >>> cells(axes), fig.get_size_inches().tolist()
+        ([(0, 0), (0, 1), (0, 2)], [6.5, 2.4])
+        >>> fig2, axes2 = plt.subplots(1, 2, figsize=(6.5, 2.4),
+        ...                            layout="constrained")
         >>> with stacked_for_phone(fig2):
-        ...     [ax.get_subplotspec().rowspan.start for ax in axes2]
-        [0, 1]
+        ...     cells(axes2)
+        [(0, 0), (1, 0)]
         >>> plt.close(fig), plt.close(fig2)
         (None, None)
     """
@@ -277,6 +301,10 @@ def stacked_for_phone(fig, width: float = PHONE_WIDTH_IN):
     from matplotlib.transforms import ScaledTranslation
 
     old_size = fig.get_size_inches().copy()
+    # Constrained layout starts each draw from the positions the last one left (a legend placed by
+    # axes fractions, or a colour bar, moves a little with every draw), so the panels' positions
+    # are put back as they were: the next draw is then the one the block replaced.
+    positions = [(ax, ax._originalPosition.frozen(), ax._position.frozen()) for ax in fig.axes]
     fig_w, fig_h = old_size
     groups: dict = {}
     for ax in fig.axes:
@@ -310,8 +338,12 @@ def stacked_for_phone(fig, width: float = PHONE_WIDTH_IN):
                 if shared and first and not first[0].label1.get_visible():
                     ticks.append((axis, keyword))
             legend = ax.get_legend()
-            if legend is not None and legend.get_bbox_to_anchor().x0 >= ax.bbox.x1 - 2:
-                legends.append((ax, legend, legend._loc, legend._bbox_to_anchor))
+            if legend is not None:
+                anchor = legend.get_bbox_to_anchor()
+                # outside its panel: to the right of it, or under it (placed by axes fractions,
+                # so its distance from the panel would change with the panel's new height)
+                if anchor.x0 >= ax.bbox.x1 - 2 or anchor.y1 <= ax.bbox.y0 + 2:
+                    legends.append((ax, legend, legend._loc, legend._bbox_to_anchor))
     stack = GridSpec(rows, per_row, figure=fig, height_ratios=heights)
     try:
         fig.set_size_inches(width, sum(heights) + extra + 0.6 * len(legends))
@@ -321,21 +353,33 @@ def stacked_for_phone(fig, width: float = PHONE_WIDTH_IN):
         for axis, keyword in ticks:
             axis.set_tick_params(which="both", **{keyword: True})
         renderer = fig.canvas.get_renderer()
-        fig.draw_without_rendering()
-        for ax, legend, _, _ in legends:
-            # under the panel's x axis (its tick labels and label), whatever height the layout gives it
-            below = (ax.bbox.y0 - ax.xaxis.get_tightbbox(renderer).y0) / fig.dpi + 0.05
-            legend.set_bbox_to_anchor((0.5, 0.0), transform=ax.transAxes + ScaledTranslation(0, -below, fig.dpi_scale_trans))
-            legend._loc = 9  # upper center
-        # a legend wider than the narrow figure takes fewer columns (it would widen the figure)
+        # A legend wider than the narrow figure takes fewer columns, before any layout is drawn:
+        # constrained layout cannot fit a legend wider than the figure and would collapse the
+        # panels (a legend's width does not depend on where the layout puts it).
         for legend in [*fig.legends, *(ax.get_legend() for _, axes in order for ax in axes)]:
             if legend is None or legend._ncols < 2:
                 continue
             # what packing replaces, kept to be put back as it was (packing again is not bit-exact)
             columns.append((legend, {name: getattr(legend, name) for name in _LEGEND_PACKING}))
-            while legend._ncols > 1 and legend.get_window_extent(renderer).width > 0.98 * fig.bbox.width:
+            while legend._ncols > 1 and legend.get_window_extent(renderer).width > 0.95 * fig.bbox.width:
                 _set_legend_columns(legend, legend._ncols - 1)
+        with warnings.catch_warnings():
+            # the first layout, drawn to find where the axes' labels end; the check is below
+            warnings.filterwarnings("ignore", message="constrained_layout not applied")
+            fig.draw_without_rendering()
+        for ax, legend, _, _ in legends:
+            # under the panel's x axis (its tick labels and label), whatever height the layout gives it
+            below = (ax.bbox.y0 - ax.xaxis.get_tightbbox(renderer).y0) / fig.dpi + 0.05
+            legend.set_bbox_to_anchor((0.5, 0.0), transform=ax.transAxes + ScaledTranslation(0, -below, fig.dpi_scale_trans))
+            legend._loc = 9  # upper center
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(4):  # drawn until the panels stay put
+                before = [a.get_position().bounds for a in fig.axes]
                 fig.draw_without_rendering()
+                if before == [a.get_position().bounds for a in fig.axes]:
+                    break
+        _check_phone_layout(fig, order, per_row, heights, [str(w.message) for w in caught])
         yield fig
     finally:
         for legend, packing in columns:
@@ -351,10 +395,6 @@ def stacked_for_phone(fig, width: float = PHONE_WIDTH_IN):
             legend._loc, legend._bbox_to_anchor = loc, anchor
             legend.stale = True
         fig.set_size_inches(old_size)
-        # Constrained layout starts each draw from the last one's margins (colour bars take two
-        # draws to settle): draw until the panels stay put, so the next draw is the one it replaced.
-        for _ in range(4):
-            before = [ax.get_position().bounds for ax in fig.axes]
-            fig.draw_without_rendering()
-            if before == [ax.get_position().bounds for ax in fig.axes]:
-                break
+        for ax, original, active in positions:
+            ax._set_position(original, which="original")
+            ax._set_position(active, which="active")
