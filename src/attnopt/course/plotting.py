@@ -374,11 +374,7 @@ def stacked_for_phone(fig, width: float = PHONE_WIDTH_IN):
             legend._loc = 9  # upper center
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for _ in range(4):  # drawn until the panels stay put
-                before = [a.get_position().bounds for a in fig.axes]
-                fig.draw_without_rendering()
-                if before == [a.get_position().bounds for a in fig.axes]:
-                    break
+            fig.draw_without_rendering()  # the layout with the legends in their new places
         _check_phone_layout(fig, order, per_row, heights, [str(w.message) for w in caught])
         yield fig
     finally:
