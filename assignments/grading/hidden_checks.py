@@ -292,6 +292,37 @@ def eot_value(h):
         check_close(f(C3 + 1000 * 0.2, 0.2), f(C3, 0.2) + 1000 * 0.2, "value of C + 1000 eps", atol=1e-9)
 
 
+def entmax_temperature_derivatives(h):
+    from attnopt.transforms import entmax
+
+    f, g = h.student("entmax_temperature_derivatives"), h.rng()
+    jacobian = torch.autograd.functional.jacobian
+    tsallis = lambda p, alpha: (p - p**alpha).sum(-1) / (alpha * (alpha - 1))
+    for alpha, scale in ((1.25, 1.0), (1.5, 3.0), (2.0, 2.0)):
+        s = scale * torch.randn(3, 5, 11, generator=g)
+        tau = 0.3 + 1.5 * float(torch.rand(1, generator=g))
+        with h.case(f"a (3, 5, 11) batch of scores of scale {scale}, alpha = {alpha}, tau = {tau:.3f}, agrees with autograd through entmax"):
+            at = torch.tensor(tau)
+            dp, d_mean, d_entropy = f(entmax(s / tau, alpha), s, tau, alpha)
+            check_close(dp, jacobian(lambda t: entmax(s / t, alpha), at), "dp/dtau", atol=1e-10)
+            check_close(d_mean, jacobian(lambda t: (entmax(s / t, alpha) * s).sum(-1), at), "d<s, p>/dtau", atol=1e-10)
+            check_close(d_entropy, jacobian(lambda t: tsallis(entmax(s / t, alpha), alpha), at), "dH/dtau", atol=1e-10)
+    with h.case("alpha = 2 with most keys outside the support: their derivative is exactly 0"):
+        s = 8 * torch.randn(6, 12, generator=g)
+        p = entmax(s, 2.0)
+        dp = f(p, s, 1.0, 2.0)[0]
+        check(bool(torch.all(dp[p == 0] == 0)), "dp/dtau off the support", "exactly 0", dp[p == 0].abs().max())
+    with h.case("the entropy's rate is minus the mean score's over tau (alpha = 1.7, tau = 0.45)"):
+        s = torch.randn(4, 8, generator=g)
+        _, d_mean, d_entropy = f(entmax(s / 0.45, 1.7), s, 0.45, 1.7)
+        check_close(d_entropy, -d_mean / 0.45, "dH/dtau", atol=1e-12)
+    with h.case("a single key in the support, or equal scores on it, does not move"):
+        s = torch.tensor([[0.3, 0.3, 0.3, -40.0], [5.0, -30.0, -30.0, -30.0]])
+        dp, d_mean, d_entropy = f(entmax(s, 1.5), s, 1.0, 1.5)
+        check_close(dp, torch.zeros(2, 4), "dp/dtau", atol=1e-14)
+        check_close(d_entropy, torch.zeros(2), "dH/dtau", atol=1e-14)
+
+
 # ---------------------------------------------------------------- chapter 4: continuous attention
 
 
@@ -384,6 +415,41 @@ def gibbs(h):
         p2, logZ2 = f(C2, 0.4, u)
         check_close(p2, one_sided_eot(C2, eps=0.4, regularizer="kl", prior=u), "p*", atol=1e-12)
         check_close(logZ2, torch.log((u * torch.exp(-C2 / 0.4)).sum(-1)), "log Z", atol=1e-12)
+
+
+def value_derivatives(h):
+    f, g = h.student("value_derivatives"), h.rng()
+    jacobian = torch.autograd.functional.jacobian
+
+    def reference(cost, eps, u):  # F = -eps log Z and its derivatives in eps by autograd
+        F = lambda e: -e * torch.logsumexp(torch.log(u) - cost / e, dim=-1)
+        at = torch.tensor(eps)
+        return F(at), jacobian(F, at), jacobian(lambda e: jacobian(F, e, create_graph=True), at)
+
+    m = 7
+    C = torch.randn(4, 5, m, generator=g)
+    u = _normalize(torch.rand(m, generator=g) + 0.05)
+    for eps in (0.05, 0.7, 20.0):
+        with h.case(f"a (4, 5, 7) batch of costs, eps = {eps}, agrees with autograd's first and second derivatives"):
+            for found, expected, name in zip(f(C, eps, u), reference(C, eps, u), ("F", "F'", "F''")):
+                check_close(found, expected, name, atol=1e-9)
+    u_masked = u.clone()
+    u_masked[[1, 4]] = 0.0
+    u_masked = _normalize(u_masked)
+    with h.case("a base measure with two zeros (masked keys), eps = 0.4"):
+        for found, expected, name in zip(f(C, 0.4, u_masked), reference(C, 0.4, u_masked), ("F", "F'", "F''")):
+            check_close(found, expected, name, atol=1e-9)
+    with h.case("costs shifted by 1000 eps: F shifts by 1000 eps, its derivatives do not move"):
+        base, shifted = f(C, 0.3, u_masked), f(C + 1000 * 0.3, 0.3, u_masked)
+        check_close(shifted[0] - base[0], torch.full((4, 5), 1000 * 0.3), "F(C + 1000 eps) - F(C)", atol=1e-9)
+        check_close(shifted[1], base[1], "F'", atol=1e-8)
+        check_close(shifted[2], base[2], "F''", atol=1e-8)
+    with h.case("costs constant on the support of u (whatever they are off it): F is linear, F' = 0 = F''"):
+        flat = torch.full((m,), 0.8)
+        flat[[1, 4]] = torch.randn(2, generator=g) * 5
+        _, dF, d2F = f(flat, 0.5, u_masked)
+        check_close(torch.as_tensor(dF).reshape(()), torch.tensor(0.0), "F'", atol=1e-13)
+        check_close(torch.as_tensor(d2F).reshape(()), torch.tensor(0.0), "F''", atol=1e-13)
 
 
 def to_fenchel(h):

@@ -313,3 +313,78 @@ def test_a_wrong_variance_fails_with_numbers():
             return cov
     """)
     assert "the covariance for D = 2" in message and "expected" in message and "found" in message, message
+
+
+# ------------------------------------------------------------------ the derivation tasks (issue 28 item 5)
+
+
+ENTMAX_SOLUTION = """
+    def entmax_temperature_derivatives(p, scores, tau, alpha):
+        support = p > 0
+        w = torch.where(support, torch.where(support, p, 1.0) ** (2 - alpha), 0.0)
+        centred = scores - (w * scores).{reduce} / w.{reduce}
+        dp = -w * centred / tau**2
+        spread = (w * centred**2).sum(-1)
+        return dp, -spread / tau**2, spread / tau**3
+"""
+
+
+def test_a_power_of_zero_off_the_support_is_caught():
+    """In torch 0 ** 0 is 1: p ** (2 - alpha) without the support gives keys of weight 0 a rate at alpha = 2."""
+    message = failure("ch3_one_sided_eot", "test_entmax_temperature", """
+        def entmax_temperature_derivatives(p, scores, tau, alpha):
+            w = p ** (2 - alpha)
+            centred = scores - (w * scores).sum(-1, keepdim=True) / w.sum(-1, keepdim=True)
+            spread = (w * centred**2).sum(-1)
+            return -w * centred / tau**2, -spread / tau**2, spread / tau**3
+    """)
+    assert "alpha = 2.0" in message and "exactly 0" in message and "is 1 at p = 0" in message, message
+
+
+def test_softmax_rates_for_entmax_fail_against_finite_differences():
+    """Eq. (3.12) copied for entmax (p in place of p^(2 - alpha)) sums to zero but is not the rate."""
+    message = failure("ch3_one_sided_eot", "test_entmax_temperature", """
+        def entmax_temperature_derivatives(p, scores, tau, alpha):
+            centred = scores - (p * scores).sum(-1, keepdim=True)
+            spread = (p * centred**2).sum(-1)
+            return -p * centred / tau**2, -spread / tau**2, spread / tau**3
+    """)
+    assert "alpha = 1.5, against central differences" in message and "optimality condition (3.18)" in message, message
+
+
+def test_a_rate_for_one_batch_dimension_only_is_caught_by_the_hidden_checks(graded):
+    """Reducing over dimension 1 passes the visible (4, 9) test and fails the hidden (3, 5, 11) batches."""
+    wrong = ENTMAX_SOLUTION.replace("{reduce}", "sum(1, keepdim=True)")
+    message = failure("ch3_one_sided_eot", "test_entmax_temperature", wrong)
+    assert "hidden check 1 (a (3, 5, 11) batch" in message, message
+
+
+def test_a_naive_kl_is_nan_at_a_masked_key():
+    message = failure("ch5_four_views", "test_value_derivatives", """
+        def value_derivatives(cost, eps, u):
+            logits = torch.log(u) - cost / eps
+            log_Z = torch.logsumexp(logits, dim=-1)
+            p = torch.exp(logits - log_Z.unsqueeze(-1))
+            mean = (p * cost).sum(-1)
+            var = (p * (cost - mean.unsqueeze(-1)) ** 2).sum(-1)
+            return -eps * log_Z, (p * torch.log(p / u)).sum(-1), -var / eps**3
+    """)
+    assert "u with a zero (a masked key)" in message and "0 log 0 = 0" in message, message
+
+
+def test_a_wrong_power_of_eps_in_the_second_derivative_is_caught():
+    message = failure("ch5_four_views", "test_value_derivatives", """
+        def value_derivatives(cost, eps, u):
+            logits = torch.log(u) - cost / eps
+            log_Z = torch.logsumexp(logits, dim=-1)
+            p = torch.softmax(logits, dim=-1)
+            mean = (p * cost).sum(-1)
+            var = (p * (cost - mean.unsqueeze(-1)) ** 2).sum(-1)
+            return -eps * log_Z, -mean / eps - log_Z, -var / eps**2
+    """)
+    assert "F''(eps), u of full support, against central differences" in message and "p* moves with eps" in message, message
+
+
+def test_the_reduced_entmax_solution_passes():
+    """The attack above differs from a correct answer only in the reduced dimension."""
+    run_task("ch3_one_sided_eot", "test_entmax_temperature", ENTMAX_SOLUTION.replace("{reduce}", "sum(-1, keepdim=True)"))

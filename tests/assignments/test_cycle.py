@@ -133,8 +133,8 @@ def test_scores(cycle):
     course, _, student, _ = cycle
     with open(course / "grades.csv") as fh:
         rows = {row["student_id"]: row for row in csv.DictReader(fh) if row["assignment"] == A}
-    # 10 autograded points; the written answer (2) waits for a grader
-    assert float(rows[student]["raw_score"]) == 10.0 and float(rows[student]["max_score"]) == 12.0
+    # 13 autograded points (Tasks 1 to 4 and 7); the two written answers (2 + 2) wait for a grader
+    assert float(rows[student]["raw_score"]) == 13.0 and float(rows[student]["max_score"]) == 17.0
     assert float(rows[LMS_STUDENT]["raw_score"]) == 2.0  # Task 4 only
 
 

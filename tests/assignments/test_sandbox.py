@@ -8,7 +8,7 @@ and the checks in the notebook, loading a renamed copy
 of the library, executing the instructor's source notebook, writing into another student's
 submission and the gradebook, or reaching the network. Each must score exactly 2 (its faked tasks 0), the course's files must stay
 byte for byte as they were, the secret must appear in no graded notebook, and the honest student
-graded after them keeps 10 of 10. Needs bubblewrap (``apt-get install bubblewrap``); without a
+graded after them keeps 13 of 13. Needs bubblewrap (``apt-get install bubblewrap``); without a
 working sandbox, autograde must refuse and say why, which is tested too.
 """
 
@@ -283,7 +283,7 @@ def test_a_trick_scores_nothing_for_what_it_faked(graded, student):
 @needs_sandbox
 def test_the_honest_student_graded_after_them_keeps_full_marks(graded):
     got = scores(graded[0], "z-honest")
-    assert sum(got.values()) == 10.0, got
+    assert sum(got.values()) == 13.0, got  # Tasks 1 to 4 and 7; the two written answers wait for a grader
 
 
 @needs_sandbox
