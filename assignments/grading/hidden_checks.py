@@ -103,6 +103,44 @@ def newton_dual(h):
               "decreasing, the last below 0.005", devs)
 
 
+def dual_sensitivity(h):
+    from attnopt.fenchel import solve_dual
+
+    f, g = h.student("dual_sensitivity"), h.rng()
+    n, d, step = 10, 3, 1e-5
+    T = torch.randn(n, d, generator=g)
+    u = _normalize(torch.rand(n, generator=g) + 0.05)
+    u_masked = u.clone()
+    u_masked[[0, 5]] = 0.0
+    u_masked = _normalize(u_masked)
+    for alpha, pref, which in ((0.3, u, "full support"), (1.5, u, "full support"), (0.9, u_masked, "two masked templates")):
+        b = pref @ T + torch.randn(d, generator=g)
+        with h.case(f"{which}, alpha = {alpha}: agrees with central differences of solve_dual"):
+            up, down = solve_dual(b, T, pref, alpha + step), solve_dual(b, T, pref, alpha - step)
+            weights = lambda lam: torch.softmax(torch.log(pref) + T @ lam, dim=-1)
+            dlam, dp = f(solve_dual(b, T, pref, alpha), T, pref, alpha)
+            check_close(dlam, (up - down) / (2 * step), "d lambda*/d alpha", atol=1e-6)
+            check_close(dp, (weights(up) - weights(down)) / (2 * step), "dp/d alpha", atol=1e-6)
+            check(bool(torch.all(dp[pref == 0] == 0)), "dp/d alpha at the masked templates", "exactly 0", dp[pref == 0])
+    with h.case("a 40 x 40 Gauss-Hermite grid of N(mu, cov): the Gaussian closed form (I + alpha cov)^-2 z"):
+        A = torch.randn(2, 2, generator=g)
+        cov = A @ A.T + 0.5 * torch.eye(2)
+        mu, z, alpha = torch.randn(2, generator=g), torch.randn(2, generator=g), 0.7
+        x, w = np.polynomial.hermite.hermgauss(40)
+        nodes = math.sqrt(2) * torch.tensor(np.stack(np.meshgrid(x, x, indexing="ij"), -1).reshape(-1, 2))
+        grid_u = torch.tensor(np.outer(w, w).reshape(-1)) / math.pi
+        grid_u = grid_u / grid_u.sum()
+        templates = mu + nodes @ torch.linalg.cholesky(cov).T
+        lam = solve_dual(mu + z, templates, grid_u, alpha)
+        inv = torch.linalg.inv(torch.eye(2) + alpha * cov)
+        check_close(f(lam, templates, grid_u, alpha)[0], inv @ inv @ z, "d lambda*/d alpha", atol=1e-9)
+    with h.case("alpha = 1e-6: the slope is the evidence z (the small-alpha approximation is tangent)"):
+        z = torch.randn(d, generator=g)
+        b = u @ T + z
+        dlam, _ = f(solve_dual(b, T, u, 1e-6), T, u, 1e-6)
+        check_close(dlam, z, "d lambda*/d alpha", atol=1e-4)
+
+
 def attention_weights(h):
     from attnopt.fenchel import generalized_attention
 
@@ -216,6 +254,49 @@ def max_entropy_tilt(h):
         p0, lam0 = f(w, s, float(w @ s))
         check_close(torch.as_tensor(lam0, dtype=torch.float64).reshape(()), torch.tensor(0.0), "lambda", atol=1e-9)
         check_close(p0, w, "p", atol=1e-10)
+
+
+def tilt_cost(h):
+    from attnopt.kernels import EmpiricalMeasure, maximum_entropy_tilt
+
+    f, g = h.student("tilt_cost"), h.rng()
+    n, step = 11, 1e-4
+    s, atoms = torch.randn(n, generator=g), torch.randn(n, 2, generator=g)
+    w = torch.rand(n, generator=g) + 0.05
+    w[[2, 7]] = 0.0
+    w = _normalize(w)
+
+    def kl_at(target):
+        p = maximum_entropy_tilt(EmpiricalMeasure(atoms, w), s[:, None], torch.tensor([target]))[0].weights
+        kept = p > 0
+        return (p[kept] * torch.log(p[kept] / w[kept])).sum()
+
+    def multiplier_at(target):
+        return maximum_entropy_tilt(EmpiricalMeasure(atoms, w), s[:, None], torch.tensor([target]))[1].reshape(())
+
+    for lam in (float(2 * torch.rand(1, generator=g) - 1), 1.7):
+        with h.case(f"two atoms of mass 0, lam = {lam:.3f}: K and K' against the KL of maximum_entropy_tilt, K'' against its multiplier"):
+            target, K, dK, d2K = (torch.as_tensor(v).reshape(()) for v in f(w, s, lam))
+            t = float(target)
+            check_close(target, (torch.softmax(torch.log(w) + lam * s, -1) * s).sum(), "the target f", atol=1e-12)
+            check_close(K, kl_at(t), "K(f)", atol=1e-8)
+            check_close(dK, (kl_at(t + step) - kl_at(t - step)) / (2 * step), "K'(f)", atol=1e-5)
+            # K'' as the rate of the solver's multiplier: a second difference of K would divide the
+            # solver's rounding by step^2 (off by 0.02 on three secrets in a thousand)
+            check_close(d2K, (multiplier_at(t + step) - multiplier_at(t - step)) / (2 * step), "K''(f)", atol=1e-5, rtol=1e-5)
+    with h.case("lam = 0 is no tilt: f is the mean under w, K = K' = 0 and K'' = 1 / Var_w(s)"):
+        target, K, dK, d2K = (torch.as_tensor(v).reshape(()) for v in f(w, s, 0.0))
+        mean = w @ s
+        check_close(target, mean, "f", atol=1e-13)
+        check_close(K, torch.tensor(0.0), "K", atol=1e-13)
+        check_close(dK, torch.tensor(0.0), "K'", atol=1e-13)
+        check_close(d2K, 1 / (w @ (s - mean) ** 2), "K''", atol=1e-10)
+    with h.case("lam = -500, the smallest value of s 1 below the others: K is minus the log of its mass"):
+        lowest = int(torch.where(w > 0, s, float("inf")).argmin())
+        s_gap = s.clone()
+        s_gap[lowest] = s[w > 0].min() - 1.0  # a gap of 1: the other atoms keep a mass below e^-500
+        K = torch.as_tensor(f(w, s_gap, -500.0)[1]).reshape(())
+        check_close(K, -torch.log(w[lowest]), "K", atol=1e-9)
 
 
 # ---------------------------------------------------------------- chapter 3: one-sided transport
@@ -399,6 +480,30 @@ def weighted_em_step(h):
         for a, b, name in zip(f(points, 7.0 * weights, means0, covs0, mixing0), f(points, weights, means0, covs0, mixing0),
                               ("means", "covariances", "mixing weights")):
             check_close(a, b, name, atol=1e-12)
+
+
+def tp_squared_integral(h):
+    import scipy.integrate
+
+    from attnopt.continuous import truncated_paraboloid_threshold
+
+    f, g = h.student("tp_squared_integral"), h.rng()
+    for D in (1, 2, 3, 4):
+        A = torch.randn(3, D, D, generator=g)
+        Sigma = A @ A.transpose(-1, -2) + 0.2 * torch.eye(D)
+        with h.case(f"a (3, {D}, {D}) batch of scales: a radial quadrature of p^2 (scipy.integrate.quad)"):
+            expected = []
+            for k in range(3):
+                a = float(-truncated_paraboloid_threshold(Sigma[k]))
+                sphere = 2 * math.pi ** (D / 2) / math.gamma(D / 2)
+                radial = scipy.integrate.quad(lambda r: (a - r * r / 2) ** 2 * r ** (D - 1), 0, math.sqrt(2 * a), epsabs=1e-14, epsrel=1e-13)[0]
+                expected.append(sphere * radial * math.sqrt(float(torch.linalg.det(Sigma[k]))))
+            check_close(f(Sigma), torch.tensor(expected), "the integral of p^2", atol=1e-10)
+    with h.case("D = 2: scaling the scale by c = 3 multiplies the integral by c^(-D / (D + 2))"):
+        A = torch.randn(2, 2, generator=g)
+        Sigma = A @ A.T + 0.3 * torch.eye(2)
+        check_close(torch.as_tensor(f(3 * Sigma)).reshape(()), torch.as_tensor(f(Sigma)).reshape(()) * 3 ** (-0.5),
+                    "the integral for 3 Sigma", atol=1e-13)
 
 
 # ---------------------------------------------------------------- chapter 5: four views

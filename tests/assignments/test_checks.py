@@ -388,3 +388,48 @@ def test_a_wrong_power_of_eps_in_the_second_derivative_is_caught():
 def test_the_reduced_entmax_solution_passes():
     """The attack above differs from a correct answer only in the reduced dimension."""
     run_task("ch3_one_sided_eot", "test_entmax_temperature", ENTMAX_SOLUTION.replace("{reduce}", "sum(-1, keepdim=True)"))
+
+
+def test_a_forgotten_one_over_alpha_in_the_dual_sensitivity_is_caught():
+    message = failure("ch1_fenchel_dual", "test_dual_sensitivity", """
+        def dual_sensitivity(lam, templates, u, alpha):
+            T = templates
+            p = torch.softmax(torch.log(u) + T @ lam, dim=-1)
+            cov = T.T @ (torch.diag(p) - torch.outer(p, p)) @ T
+            dlam = torch.linalg.solve(torch.eye(T.shape[-1]) + alpha * cov, lam)
+            moved = T @ dlam
+            return dlam, p * (moved - p @ moved)
+    """)
+    assert "d lambda*/d alpha, a preference of full support, against central differences" in message, message
+    assert "stationarity condition" in message, message
+
+
+def test_a_naive_kl_of_the_tilt_is_nan_at_an_atom_of_mass_zero():
+    message = failure("ch2_markov_kernels", "test_tilt_cost", """
+        def tilt_cost(weights, stat, lam):
+            p = torch.softmax(torch.log(weights) + lam * stat, dim=-1)
+            target = p @ stat
+            return target, (p * torch.log(p / weights)).sum(), torch.tensor(lam), 1 / (p @ (stat - target) ** 2)
+    """)
+    assert "K(f) for lam = -0.8" in message and "0 log 0 = 0" in message, message
+
+
+def test_the_variance_instead_of_its_inverse_is_caught():
+    message = failure("ch2_markov_kernels", "test_tilt_cost", """
+        def tilt_cost(weights, stat, lam):
+            logits = torch.log(weights) + lam * stat
+            A = torch.logsumexp(logits, dim=-1)
+            p = torch.exp(logits - A)
+            target = p @ stat
+            return target, lam * target - A, torch.tensor(lam), p @ (stat - target) ** 2
+    """)
+    assert "K''(f) for lam = -0.8, against central differences" in message and "moment condition" in message, message
+
+
+def test_a_wrong_beta_integral_is_caught():
+    message = failure("ch4_continuous", "test_tp_squared_integral", """
+        def tp_squared_integral(Sigma):
+            D = Sigma.shape[-1]
+            return -2 * tp_threshold(Sigma) / (D + 2)
+    """)
+    assert "the integral of p^2 in D = 1, against a Riemann sum" in message and "Beta integral" in message, message
