@@ -33,6 +33,14 @@ def _normalize(w):
     return w / w.sum(-1, keepdim=True)
 
 
+def _hermite_grid(mu, cov, n=40):
+    """An n x n Gauss-Hermite grid of N(mu, cov) in 2-D: (templates, weights summing to one)."""
+    x, w = np.polynomial.hermite.hermgauss(n)
+    nodes = math.sqrt(2) * torch.tensor(np.stack(np.meshgrid(x, x, indexing="ij"), -1).reshape(-1, 2))
+    weights = torch.tensor(np.outer(w, w).reshape(-1))
+    return mu + nodes @ torch.linalg.cholesky(cov).T, weights / weights.sum()
+
+
 # ---------------------------------------------------------------- chapter 1: the Fenchel dual
 
 
@@ -51,11 +59,8 @@ def gaussian_lambda_star(h):
             check_close(f(mus, bs, a), gaussian_dual_maximizer(mus, bs, a), "lambda*")
     with h.case("the discrete dual on a 40 x 40 Gauss-Hermite grid of N(mu, cov) has the same maximizer"):
         mu, b, alpha = mus[0, 0], bs[0, 0], 0.7
-        x, w = np.polynomial.hermite.hermgauss(40)
-        nodes = math.sqrt(2) * torch.tensor(np.stack(np.meshgrid(x, x, indexing="ij"), -1).reshape(-1, 2))
-        weights = torch.tensor(np.outer(w, w).reshape(-1)) / math.pi
-        templates = mu + nodes @ torch.linalg.cholesky(cov).T
-        check_close(f(mu, b, alpha, cov), solve_dual(b, templates, weights / weights.sum(), alpha), "lambda*", atol=1e-10)
+        templates, weights = _hermite_grid(mu, cov)
+        check_close(f(mu, b, alpha, cov), solve_dual(b, templates, weights, alpha), "lambda*", atol=1e-10)
 
 
 def _plain_newton_converges(b, T, u, alpha, solve_dual, n_iter=30) -> bool:
@@ -126,11 +131,7 @@ def dual_sensitivity(h):
         A = torch.randn(2, 2, generator=g)
         cov = A @ A.T + 0.5 * torch.eye(2)
         mu, z, alpha = torch.randn(2, generator=g), torch.randn(2, generator=g), 0.7
-        x, w = np.polynomial.hermite.hermgauss(40)
-        nodes = math.sqrt(2) * torch.tensor(np.stack(np.meshgrid(x, x, indexing="ij"), -1).reshape(-1, 2))
-        grid_u = torch.tensor(np.outer(w, w).reshape(-1)) / math.pi
-        grid_u = grid_u / grid_u.sum()
-        templates = mu + nodes @ torch.linalg.cholesky(cov).T
+        templates, grid_u = _hermite_grid(mu, cov)
         lam = solve_dual(mu + z, templates, grid_u, alpha)
         inv = torch.linalg.inv(torch.eye(2) + alpha * cov)
         check_close(f(lam, templates, grid_u, alpha)[0], inv @ inv @ z, "d lambda*/d alpha", atol=1e-9)
@@ -266,24 +267,23 @@ def tilt_cost(h):
     w[[2, 7]] = 0.0
     w = _normalize(w)
 
-    def kl_at(target):
-        p = maximum_entropy_tilt(EmpiricalMeasure(atoms, w), s[:, None], torch.tensor([target]))[0].weights
-        kept = p > 0
-        return (p[kept] * torch.log(p[kept] / w[kept])).sum()
-
-    def multiplier_at(target):
-        return maximum_entropy_tilt(EmpiricalMeasure(atoms, w), s[:, None], torch.tensor([target]))[1].reshape(())
+    def tilt_at(target):  # (KL(p_f || w), the multiplier) from the library's solver
+        tilted, multiplier = maximum_entropy_tilt(EmpiricalMeasure(atoms, w), s[:, None], torch.tensor([target]))
+        kept = tilted.weights > 0
+        p = tilted.weights[kept]
+        return (p * torch.log(p / w[kept])).sum(), multiplier.reshape(())
 
     for lam in (float(2 * torch.rand(1, generator=g) - 1), 1.7):
         with h.case(f"two atoms of mass 0, lam = {lam:.3f}: K and K' against the KL of maximum_entropy_tilt, K'' against its multiplier"):
             target, K, dK, d2K = (torch.as_tensor(v).reshape(()) for v in f(w, s, lam))
             t = float(target)
+            (kl, _), (kl_up, lam_up), (kl_down, lam_down) = (tilt_at(x) for x in (t, t + step, t - step))
             check_close(target, (torch.softmax(torch.log(w) + lam * s, -1) * s).sum(), "the target f", atol=1e-12)
-            check_close(K, kl_at(t), "K(f)", atol=1e-8)
-            check_close(dK, (kl_at(t + step) - kl_at(t - step)) / (2 * step), "K'(f)", atol=1e-5)
+            check_close(K, kl, "K(f)", atol=1e-8)
+            check_close(dK, (kl_up - kl_down) / (2 * step), "K'(f)", atol=1e-5)
             # K'' as the rate of the solver's multiplier: a second difference of K would divide the
             # solver's rounding by step^2 (off by 0.02 on three secrets in a thousand)
-            check_close(d2K, (multiplier_at(t + step) - multiplier_at(t - step)) / (2 * step), "K''(f)", atol=1e-5, rtol=1e-5)
+            check_close(d2K, (lam_up - lam_down) / (2 * step), "K''(f)", atol=1e-5, rtol=1e-5)
     with h.case("lam = 0 is no tilt: f is the mean under w, K = K' = 0 and K'' = 1 / Var_w(s)"):
         target, K, dK, d2K = (torch.as_tensor(v).reshape(()) for v in f(w, s, 0.0))
         mean = w @ s
