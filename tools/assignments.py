@@ -8,8 +8,11 @@ checks' helpers ``coursework.py`` and the hidden checks ``hidden_checks.py``) an
 (so that it ships with the release and autograde restores it over a student's copy),
 ``hidden_checks.py`` to ``<course>/grading/`` (never released). It writes a random course secret to
 ``<course>/course_secret`` unless one is there or ``ATTNOPT_COURSE_SECRET`` is set: the hidden
-checks draw their inputs from it, so keep that file (or the variable) for the whole term. Then it
-runs ``nbgrader generate_assignment`` for every assignment, so that nothing generated lands in git.
+checks draw their inputs from it, so keep that file (or the variable) for the whole term. From the
+secret it also draws a variant of each task listed in ``assignments/variants/<assignment>.py``
+(never variant 0, the public notebook) and writes the course's source notebooks with them, recording
+the draw in ``<course>/grading/variants.json`` for the hidden checks. Then it runs
+``nbgrader generate_assignment`` for every assignment, so that nothing generated lands in git.
 What nbgrader keeps in that course directory (``gradebook.db``, ``submitted/``, ``autograded/``,
 ``feedback/``, ``exchange/``) is left in place, so the same directory can be used to collect and
 grade a class.
@@ -20,6 +23,9 @@ Usage: python tools/assignments.py [COURSE_DIR]   (default: $ATTNOPT_BUILD_DIR/a
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -29,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "assignments"
+VARIANTS = SOURCE / "variants"  # the variants of each task a course draws from its secret (never in a release)
 # grading/ of the course directory: the hidden checks, the checks' helpers as the grader imports
 # them, and the sandboxed autograde step (with the worker it runs in the sandbox)
 GRADING_FILES = ("hidden_checks.py", "coursework.py", "autograde_sandbox.py", "sandbox_worker.py")
@@ -76,8 +83,100 @@ def assignment_names(course: Path = SOURCE) -> list[str]:
     return sorted(p.name for p in (course / "source").iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
 
 
-def stage(course: Path) -> None:
-    """Copy the sources, the checks and the configuration into ``course``, replacing older copies."""
+# ----------------------------------------------------------------------------- variants of the tasks
+
+
+def task_variants(name: str) -> dict[str, list[dict]]:
+    """Task -> its variants 1, 2, ... (``assignments/variants/<name>.py``; variant 0 is the source notebook)."""
+    path = VARIANTS / f"{name}.py"
+    if not path.exists():
+        return {}
+    spec = importlib.util.spec_from_file_location(f"variants_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.VARIANTS
+
+
+def draw_variants(secret: str, name: str) -> dict[str, int]:
+    """The variant of each task of ``name`` that the course with this secret sets: never 0, the public
+    one, whose solution is in this repository; each task's draw is independent of the others'."""
+    drawn = {}
+    for task, variants in task_variants(name).items():
+        digest = hashlib.sha256(f"{secret}/variant/{name}/{task}".encode()).digest()
+        drawn[task] = 1 + int.from_bytes(digest[:8], "little") % len(variants)
+    return drawn
+
+
+def _cell_key(cell: dict) -> str | None:
+    gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+    if gid:
+        return gid
+    text = "".join(cell["source"])
+    if cell["cell_type"] == "markdown" and text.startswith("## Task "):
+        return "task:" + text.split()[2]
+    return None
+
+
+def render(notebook: dict, variants: list[dict]) -> dict:
+    """The notebook with each of ``variants`` applied to its cells (see ``assignments/variants/``)."""
+    cells = {}
+    for cell in notebook["cells"]:
+        key = _cell_key(cell)
+        if key is not None:
+            cells[key] = cell
+    for variant in variants:
+        for key, edit in variant["cells"].items():
+            if key not in cells:
+                raise KeyError(f"variant {variant['about']!r}: the notebook has no cell {key!r}")
+            text = "".join(cells[key]["source"])
+            if isinstance(edit, str):
+                text = edit
+            else:
+                for old, new in edit:
+                    if text.count(old) != 1:
+                        raise ValueError(f"variant {variant['about']!r}: {old!r} occurs {text.count(old)} times in {key!r}")
+                    text = text.replace(old, new)
+            cells[key]["source"] = text.splitlines(keepends=True)
+    return notebook
+
+
+def read_secret(course: Path) -> str:
+    """The course secret as the hidden checks read it: $ATTNOPT_COURSE_SECRET, else ``course_secret``."""
+    if os.environ.get("ATTNOPT_COURSE_SECRET"):
+        return os.environ["ATTNOPT_COURSE_SECRET"].strip()
+    return (course / "course_secret").read_text().strip().splitlines()[0]
+
+
+def set_variants(course: Path, choice: str | dict[str, dict[str, int]] = "secret") -> dict[str, dict[str, int]]:
+    """Render the course's source notebooks for the chosen variants and record them for the hidden checks.
+
+    ``choice`` is ``"secret"`` (what a course does: drawn from its secret), ``"public"`` (variant 0
+    everywhere, the notebooks of this repository) or ``{assignment: {task: variant}}``. The record,
+    ``<course>/grading/variants.json``, maps each task to its variant and the variant's parameters.
+    """
+    record, chosen = {}, {}
+    for name in assignment_names(course):
+        variants = task_variants(name)
+        if choice == "secret":
+            picks = draw_variants(read_secret(course), name)
+        elif choice == "public":
+            picks = dict.fromkeys(variants, 0)
+        else:
+            picks = {task: choice.get(name, {}).get(task, 0) for task in variants}
+        path = next((course / "source" / name).glob("*.ipynb"))
+        notebook = json.loads((SOURCE / "source" / name / path.name).read_text())
+        applied = [variants[task][i - 1] for task, i in picks.items() if i]
+        path.write_text(json.dumps(render(notebook, applied), indent=1, ensure_ascii=False) + "\n")
+        chosen[name] = picks
+        for task, i in picks.items():
+            record[task] = {"variant": i, "params": variants[task][i - 1]["params"] if i else {}}
+    (course / "grading" / "variants.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return chosen
+
+
+def stage(course: Path, variants: str | dict[str, dict[str, int]] = "secret") -> None:
+    """Copy the sources, the checks and the configuration into ``course``, replacing older copies,
+    with the tasks' variants drawn from the course secret (see :func:`set_variants` for ``variants``)."""
     course.mkdir(parents=True, exist_ok=True)
     if (course / "source").exists():
         shutil.rmtree(course / "source")
@@ -91,6 +190,7 @@ def stage(course: Path) -> None:
     secret = course / "course_secret"
     if not os.environ.get("ATTNOPT_COURSE_SECRET") and not secret.exists():
         secret.write_text(secrets.token_hex(16) + "\n")
+    set_variants(course, variants)
     private(course)
 
 

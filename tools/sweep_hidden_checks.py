@@ -7,7 +7,9 @@ points in one course out of a few hundred. This script stages the assignments in
 course directory, runs each source notebook's cells (the solutions and the visible checks) once,
 then calls each task's hidden checks under the secrets ``sweep/0``, ``sweep/1``, ... and reports,
 per task, how many secrets failed and the first failure's feedback. The secrets are fixed, so a
-failure can be reproduced with ``ATTNOPT_COURSE_SECRET=sweep/<i>``.
+failure can be reproduced with ``ATTNOPT_COURSE_SECRET=sweep/<i>``. It does this for the public
+notebooks (variant 0 of every task) and again for each variant a course may draw
+(``assignments/variants/``), with that variant's solution.
 
 Run it after changing ``assignments/grading/hidden_checks.py`` or a task (about 0.7 s per secret
 for all twenty tasks on a laptop CPU; ``tests/assignments/test_checks.py`` runs 20 secrets):
@@ -62,8 +64,27 @@ def solution_namespaces(course: Path, tasks: set[str] | None = None):
                     yield name, call[1], namespace
 
 
-def sweep(n_secrets: int, tasks: set[str] | None = None, course: Path | None = None) -> dict[str, list[tuple[str, str]]]:
-    """Task -> the secrets (and the feedback) on which the solution fails its hidden checks."""
+def variant_choice(variant: int) -> tuple[str | dict, set[str] | None]:
+    """What to stage for ``variant`` (0: the public notebooks) and the tasks that have it."""
+    if variant == 0:
+        return "public", None
+    choice = {name: {task: variant for task, variants in assignments_tool.task_variants(name).items() if len(variants) >= variant}
+              for name in assignments_tool.assignment_names()}
+    return choice, {task for picks in choice.values() for task in picks}
+
+
+def max_variant() -> int:
+    return max((len(v) for name in assignments_tool.assignment_names()
+                for v in assignments_tool.task_variants(name).values()), default=0)
+
+
+def sweep(n_secrets: int, tasks: set[str] | None = None, course: Path | None = None,
+          variant: int = 0) -> dict[str, list[tuple[str, str]]]:
+    """Task -> the secrets (and the feedback) on which the solution fails its hidden checks, for the
+    tasks' ``variant`` (0: the public notebooks; above, only the tasks that have that variant)."""
+    choice, varied = variant_choice(variant)
+    if varied is not None:
+        tasks = varied if tasks is None else tasks & varied
     sys.path.insert(0, str(ROOT / "assignments" / "grading"))
     import coursework
 
@@ -71,7 +92,7 @@ def sweep(n_secrets: int, tasks: set[str] | None = None, course: Path | None = N
     failures: dict[str, list[tuple[str, str]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         course = course or Path(tmp) / "course"
-        assignments_tool.stage(course)
+        assignments_tool.stage(course, choice)
         os.environ["ATTNOPT_COURSE_DIR"] = str(course)
         os.environ["ATTNOPT_COURSE_SECRET"] = "sweep/staged"
         try:
@@ -102,8 +123,11 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    failures = sweep(args.secrets, set(args.tasks) or None)
-    missing = set(args.tasks) - failures.keys()
+    failures = {}
+    for variant in range(max_variant() + 1):
+        found = sweep(args.secrets, set(args.tasks) or None, variant=variant)
+        failures |= {(task if variant == 0 else f"{task} (variant {variant})"): f for task, f in found.items()}
+    missing = set(args.tasks) - {task.split(" (")[0] for task in failures}
     if missing:
         print(f"no test cell calls the hidden checks of: {', '.join(sorted(missing))}")
         return 2

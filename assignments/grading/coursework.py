@@ -247,8 +247,11 @@ def course_secret(course=None) -> str:
 class _Hidden:
     """What a task of hidden_checks.py gets: the student's functions, a secret generator, cases."""
 
-    def __init__(self, task, namespace, secret):
+    def __init__(self, task, namespace, secret, variant=0, params=None):
         self.task, self.namespace, self.secret = task, namespace, secret
+        # which variant of the task this course set (0: the one in the course's public repository) and
+        # its parameters, from <course>/grading/variants.json (tools/assignments.py writes it)
+        self.variant, self.params = variant, dict(params or {})
         self.results: list[tuple[str, str | None]] = []
         self._draws = 0
 
@@ -288,6 +291,15 @@ def _student_frames(error) -> str:
     return "".join(f" (line {f.lineno} of your cell: `{(f.line or '').strip()}`)" for f in frames[-2:])
 
 
+def _variant(course, task: str) -> dict:
+    """The variant of ``task`` that the course's notebooks were made with (0 where none was drawn)."""
+    import json
+
+    path = course / "grading" / "variants.json"
+    record = json.loads(path.read_text()).get(task, {}) if path.exists() else {}
+    return {"variant": record.get("variant", 0), "params": record.get("params", {})}
+
+
 def hidden_checks(task: str, namespace: dict) -> None:
     """Run the hidden checks of ``task`` on the student's functions in ``namespace``; print one line
     per check (its label, and for a failure what was expected and found) and fail if any failed."""
@@ -310,7 +322,7 @@ def hidden_checks(task: str, namespace: dict) -> None:
     spec = importlib.util.spec_from_file_location("hidden_checks", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    h = _Hidden(task, namespace, course_secret(course))
+    h = _Hidden(task, namespace, course_secret(course), **_variant(course, task))
     with h.case("the hidden checks could not finish"):
         getattr(module, task)(h)
     if h.results[-1][1] is None:  # that one is reported only when it fails

@@ -109,6 +109,17 @@ def course(tmp_path_factory):
             dest.mkdir(parents=True)
             for path in notebooks(name, course, folder):
                 shutil.copy(path, dest / path.name)
+        # a student who pastes the public solutions (this repository's notebooks) into the release
+        dest = course / "submitted" / "copier" / name
+        dest.mkdir(parents=True)
+        for public, released in zip(notebooks(name), notebooks(name, course, "release")):
+            answers = {gid: source(cell) for gid, (cell, meta) in graded_cells(public).items() if meta["solution"]}
+            nb = json.loads(released.read_text())
+            for cell in nb["cells"]:
+                gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+                if gid in answers:
+                    cell["source"] = answers[gid]
+            (dest / released.name).write_text(json.dumps(nb, indent=1))
     flags = tool.autograde_flags()  # [] where bubblewrap works (CI installs it)
     run = subprocess.run(
         [*tool.nbgrader_command(), "autograde", "*", f"--CourseDirectory.root={course}", "--log-level=WARN", *flags],
@@ -135,7 +146,7 @@ def test_release_has_stubs_and_no_hidden_checks(course, name):
     files = sorted(p.name for p in (course / "release" / name).iterdir())
     assert files == sorted([*(p.name for p in released), "coursework.py"]), files
     assert (course / "grading" / "hidden_checks.py").exists() and (course / "course_secret").exists()
-    for src_path, rel_path in zip(notebooks(name), released):
+    for src_path, rel_path in zip(notebooks(name, course), released):  # the course's source: its variants
         src, rel = graded_cells(src_path), graded_cells(rel_path)
         assert src.keys() == rel.keys()
         text = rel_path.read_text()
@@ -182,6 +193,25 @@ def test_stubs_get_zero(course, name):
     for path in notebooks(name):
         for gid, points in {**autograded_tests(path), **manually_graded(path)}.items():
             assert got[gid] == (0.0, points, False), f"{name}/{gid}: the unchanged stub scores {got[gid][0]}"
+
+
+VARIED = [name for name in NAMES if tool.task_variants(name)]
+
+
+@pytest.mark.parametrize("name", VARIED)
+def test_a_copy_of_the_public_solutions_scores_at_most_half(course, name):
+    """The course drew its variants from its secret; the public solutions solve variant 0, which no
+    course draws: pasted into the release, they fail every task whose variant changed."""
+    got = grades(course, name, "copier")
+    varied = set(tool.task_variants(name))
+    total = sum(sum(autograded_tests(p).values()) for p in notebooks(name))
+    scored = sum(got[gid][0] or 0.0 for p in notebooks(name) for gid in autograded_tests(p))
+    for p in notebooks(name):
+        cells = graded_cells(p)
+        for gid in autograded_tests(p):
+            if HIDDEN_CALL.search(source(cells[gid][0]))[1] in varied:  # the task's name, as the variants know it
+                assert got[gid][0] == 0.0, f"{name}/{gid}: the public solution of a varied task scores {got[gid][0]}"
+    assert scored <= total / 2, f"{name}: a copy of the public solutions scores {scored} of {total}"
 
 
 @pytest.mark.parametrize("name", NAMES)
