@@ -39,6 +39,7 @@ VARIANTS = SOURCE / "variants"  # the variants of each task a course draws from 
 # grading/ of the course directory: the hidden checks, the checks' helpers as the grader imports
 # them, and the sandboxed autograde step (with the worker it runs in the sandbox)
 GRADING_FILES = ("hidden_checks.py", "coursework.py", "autograde_sandbox.py", "sandbox_worker.py")
+VARIANT_CHECKS = "variant_checks_*.py"  # the hidden checks of the tasks' variants, one file per assignment
 PRIVATE = ("course_secret", "grading", "source", "gradebook.db", "submitted", "autograded", "feedback", "downloaded")
 PRIVATE_FOLDERS = ("submitted", "autograded", "feedback", "downloaded")
 
@@ -184,8 +185,8 @@ def stage(course: Path, variants: str | dict[str, dict[str, int]] = "secret") ->
     for name in assignment_names(course):
         shutil.copy2(SOURCE / "grading" / "coursework.py", course / "source" / name / "coursework.py")
     (course / "grading").mkdir(exist_ok=True)
-    for name in GRADING_FILES:
-        shutil.copy2(SOURCE / "grading" / name, course / "grading" / name)
+    for path in [SOURCE / "grading" / name for name in GRADING_FILES] + sorted((SOURCE / "grading").glob(VARIANT_CHECKS)):
+        shutil.copy2(path, course / "grading" / path.name)
     shutil.copy2(SOURCE / "nbgrader_config.py", course / "nbgrader_config.py")
     secret = course / "course_secret"
     if not os.environ.get("ATTNOPT_COURSE_SECRET") and not secret.exists():

@@ -286,7 +286,7 @@ def _student_frames(error) -> str:
     if getattr(error, "frames", None) is not None:  # raised in the sandbox: the student's own lines only
         return "".join(f" (line {lineno} of your cell: `{line}`)" for _, lineno, line in error.frames[-2:])
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not any(part in f.filename for part in ("coursework.py", "hidden_checks.py", "site-packages", "/attnopt/",
+              if not any(part in f.filename for part in ("coursework.py", "hidden_checks.py", "variant_checks_", "site-packages", "/attnopt/",
                                                          "autograde_sandbox.py", "sandbox_worker.py"))]
     return "".join(f" (line {f.lineno} of your cell: `{(f.line or '').strip()}`)" for f in frames[-2:])
 
