@@ -76,6 +76,7 @@ def _hermite_grid(mu, cov, n=40):
 # ---------------------------------------------------------------- chapter 1: the Fenchel dual
 
 
+@_varied("ch1_fenchel_dual")
 def gaussian_lambda_star(h):
     from attnopt.fenchel import gaussian_dual_maximizer, solve_dual
 
@@ -114,6 +115,7 @@ def _evidence_where_newton_converges(draw, T, u, alpha, solve_dual):
     raise RuntimeError("100 evidences drawn, and undamped Newton diverged on each")
 
 
+@_varied("ch1_fenchel_dual")
 def newton_dual(h):
     from attnopt.fenchel import solve_dual
 
@@ -140,6 +142,7 @@ def newton_dual(h):
               "decreasing, the last below 0.005", devs)
 
 
+@_varied("ch1_fenchel_dual")
 def dual_sensitivity(h):
     from attnopt.fenchel import solve_dual
 
@@ -174,6 +177,7 @@ def dual_sensitivity(h):
         check_close(dlam, z, "d lambda*/d alpha", atol=1e-4)
 
 
+@_varied("ch1_fenchel_dual")
 def attention_weights(h):
     from attnopt.fenchel import generalized_attention
 
@@ -191,6 +195,7 @@ def attention_weights(h):
         check_close(f(q, k, u1, alpha=0.8), generalized_attention(q, k, u1, alpha=0.8)[1], "weights")
 
 
+@_varied("ch1_fenchel_dual")
 def t5_preference(h):
     from attnopt.fenchel import t5_preference as lib
 
@@ -211,6 +216,7 @@ def t5_preference(h):
 # ---------------------------------------------------------------- chapter 2: Markov kernels
 
 
+@_varied("ch2_markov_kernels")
 def boltzmann_gibbs_weights(h):
     from attnopt.kernels import EmpiricalMeasure, boltzmann_gibbs
 
@@ -230,6 +236,7 @@ def boltzmann_gibbs_weights(h):
         check_close(f(f(w_b, log_g_b), log_h), f(w_b, log_g_b + log_h), "twice reweighted", atol=1e-14)
 
 
+@_varied("ch2_markov_kernels")
 def attention_kernel_matrix(h):
     from attnopt.kernels import attention_kernel
 
@@ -248,6 +255,7 @@ def attention_kernel_matrix(h):
         check_close((f(q, k) @ P2).sum(-1), torch.ones(B, M), "row sums of P P2", atol=1e-14)
 
 
+@_varied("ch2_markov_kernels")
 def wasserstein1_1d(h):
     import ot
 
@@ -270,6 +278,7 @@ def wasserstein1_1d(h):
         check_close(f(x, a, x[perm], a[perm]), torch.tensor(0.0), "W1", atol=1e-14)
 
 
+@_varied("ch2_markov_kernels")
 def max_entropy_tilt(h):
     from attnopt.kernels import EmpiricalMeasure, maximum_entropy_tilt
 
@@ -289,6 +298,7 @@ def max_entropy_tilt(h):
         check_close(p0, w, "p", atol=1e-10)
 
 
+@_varied("ch2_markov_kernels")
 def tilt_cost(h):
     from attnopt.kernels import EmpiricalMeasure, maximum_entropy_tilt
 
@@ -409,6 +419,7 @@ def eot_value(h):
         check_close(f(C3 + 1000 * 0.2, 0.2), f(C3, 0.2) + 1000 * 0.2, "value of C + 1000 eps", atol=1e-9)
 
 
+@_varied("ch3_one_sided_eot")
 def entmax_temperature_derivatives(h):
     from attnopt.transforms import entmax
 
@@ -443,6 +454,7 @@ def entmax_temperature_derivatives(h):
 # ---------------------------------------------------------------- chapter 4: continuous attention
 
 
+@_varied("ch4_continuous")
 def continuous_softmax_1d(h):
     from attnopt.continuous import continuous_softmax
     from attnopt.value_functions import GaussianRBF
@@ -456,6 +468,7 @@ def continuous_softmax_1d(h):
         check_close(f(mus, sigma2s, centers, widths), lib, "r")
 
 
+@_varied("ch4_continuous")
 def tp_threshold(h):
     from attnopt.continuous import moment_match, truncated_paraboloid_threshold
 
@@ -479,6 +492,7 @@ def tp_threshold(h):
         check_close(f_inv(cov), Sigma_lib, "scale", atol=1e-10)
 
 
+@_varied("ch4_continuous")
 def continuous_sparsemax_1d(h):
     from attnopt.continuous import continuous_sparsemax
     from attnopt.value_functions import GaussianRBF
@@ -491,6 +505,7 @@ def continuous_sparsemax_1d(h):
             check_close(f(mu, s2, centers, widths), lib, "r", atol=1e-10)
 
 
+@_varied("ch4_continuous")
 def weighted_em_step(h):
     from attnopt.mixture import weighted_em
 
@@ -518,6 +533,7 @@ def weighted_em_step(h):
             check_close(a, b, name, atol=1e-12)
 
 
+@_varied("ch4_continuous")
 def tp_squared_integral(h):
     import scipy.integrate
 
@@ -545,6 +561,7 @@ def tp_squared_integral(h):
 # ---------------------------------------------------------------- chapter 5: four views
 
 
+@_varied("ch5_four_views")
 def gibbs(h):
     from attnopt.transforms import one_sided_eot
 
@@ -558,6 +575,7 @@ def gibbs(h):
         check_close(logZ2, torch.log((u * torch.exp(-C2 / 0.4)).sum(-1)), "log Z", atol=1e-12)
 
 
+@_varied("ch5_four_views")
 def value_derivatives(h):
     f, g = h.student("value_derivatives"), h.rng()
     jacobian = torch.autograd.functional.jacobian
@@ -593,6 +611,7 @@ def value_derivatives(h):
         check_close(torch.as_tensor(d2F).reshape(()), torch.tensor(0.0), "F''", atol=1e-13)
 
 
+@_varied("ch5_four_views")
 def to_fenchel(h):
     import torch.nn.functional as F
 
@@ -620,6 +639,7 @@ def to_fenchel(h):
         check_close(one_sided_eot(**to_e(q, k, uniform, 1 / math.sqrt(d)), regularizer="kl") @ v, sdpa, "transport output")
 
 
+@_varied("ch5_four_views")
 def grid_softmax(h):
     f, g = h.student("grid_softmax"), h.rng()
     mu0, var0 = float(torch.rand(1, generator=g)) - 0.5, 0.02 + 0.05 * float(torch.rand(1, generator=g))
@@ -634,6 +654,7 @@ def grid_softmax(h):
               "moments on four points", "far from (0.4, 0.0225)", f"({float(mean_c):.4g}, {float(var_c):.4g})")
 
 
+@_varied("ch5_four_views")
 def sparse_eot(h):
     from attnopt.transforms import one_sided_eot
 
