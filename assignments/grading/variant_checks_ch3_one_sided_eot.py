@@ -34,6 +34,10 @@ def eot_value(h):
     return (_eot_value_prior, _sparse_eot_value)[h.variant - 1](h)
 
 
+def entmax_temperature_derivatives(h):
+    """Variant 1: how alpha-entmax moves with alpha at a fixed tau; variant 2: the threshold and the output in tau."""
+    return (_entmax_alpha_derivatives, _entmax_threshold_output_derivatives)[h.variant - 1](h)
+
 
 def _entmax_backward(h, alpha):
     from attnopt.transforms import entmax
@@ -180,3 +184,127 @@ def _sparse_eot_value(h):
     with h.case("costs of size 1000 do not overflow"):
         c = torch.randn(5, generator=g)
         check_close(f(c + 1000.0, 0.3), f(c, 0.3) + 1000.0, "value of C + 1000", atol=1e-9)
+
+
+def _alpha_rates(s, tau, alpha):
+    """d/dalpha of p = entmax_alpha(s / tau), of <s, p> and of H_alpha(p), by forward-mode autograd through one
+    Newton step of the threshold equation sum_j [(alpha - 1) z_j - lam]_+^(1/(alpha - 1)) = 1, started at the
+    threshold of attnopt's entmax: at the root the step's derivative in alpha is the implicit one."""
+    from attnopt.transforms import entmax
+
+    z = s / tau
+    p0 = entmax(z, alpha)
+    top = p0.argmax(-1, keepdim=True)
+    lam0 = (alpha - 1) * z.gather(-1, top) - p0.gather(-1, top) ** (alpha - 1)
+    r0 = (alpha - 1) * z - lam0
+    slope = -torch.where(r0 > 0, r0.clamp(min=0) ** ((2 - alpha) / (alpha - 1)), 0.0).sum(-1, keepdim=True) / (alpha - 1)
+
+    def rates(a):
+        def weights(lam):
+            r = (a - 1) * z - lam
+            on = r > 0
+            return torch.where(on, torch.where(on, r, 1.0) ** (1 / (a - 1)), 0.0)
+
+        p = weights(lam0 - (weights(lam0).sum(-1, keepdim=True) - 1) / slope)
+        return p, (p * torch.where(p > 0, s, 0.0)).sum(-1), (p - p**a).sum(-1) / (a * (a - 1))
+
+    return torch.autograd.functional.jvp(rates, torch.tensor(alpha), torch.ones(()))[1]
+
+
+def _entmax_alpha_derivatives(h):
+    from attnopt.transforms import entmax
+
+    f, g = h.student("entmax_alpha_derivatives"), h.rng()
+    for alpha, scale in ((1.25, 1.0), (1.5, 3.0), (2.0, 2.0)):
+        s = scale * torch.randn(3, 5, 11, generator=g)
+        tau = 0.3 + 1.5 * float(torch.rand(1, generator=g))
+        with h.case(f"a (3, 5, 11) batch of scores of scale {scale}, alpha = {alpha}, tau = {tau:.3f}, agrees with "
+                    "autograd in alpha through the threshold equation of entmax"):
+            dp, d_mean, d_entropy = f(entmax(s / tau, alpha), s, tau, alpha)
+            expected = _alpha_rates(s, tau, alpha)
+            check_close(dp, expected[0], "dp/dalpha", atol=1e-10)
+            check_close(d_mean, expected[1], "d<s, p>/dalpha", atol=1e-10)
+            check_close(d_entropy, expected[2], "dH/dalpha", atol=1e-10)
+    alpha = 1.1 + 0.9 * float(torch.rand(1, generator=g))
+    with h.case(f"masked keys (score -inf) change nothing: the rows without them give the same rates (alpha = {alpha:.3f})"):
+        s = 2 * torch.randn(4, 10, generator=g)
+        masked = s.clone()
+        masked[:, 7:] = -float("inf")
+        dp, d_mean, d_entropy = f(entmax(masked / 0.7, alpha), masked, 0.7, alpha)
+        kept = f(entmax(s[:, :7] / 0.7, alpha), s[:, :7], 0.7, alpha)
+        check_close(dp, torch.cat([kept[0], torch.zeros(4, 3)], -1), "dp/dalpha", atol=1e-12)
+        check_close(d_mean, kept[1], "d<s, p>/dalpha", atol=1e-12)
+        check_close(d_entropy, kept[2], "dH/dalpha", atol=1e-12)
+    with h.case("alpha = 2 with most keys outside the support: their derivative is exactly 0"):
+        s = 8 * torch.randn(6, 12, generator=g)
+        p = entmax(s, 2.0)
+        dp = f(p, s, 1.0, 2.0)[0]
+        check(bool(torch.all(dp[p == 0] == 0)), "dp/dalpha off the support", "exactly 0", dp[p == 0].abs().max())
+    alpha = 1.1 + 0.9 * float(torch.rand(1, generator=g))
+    with h.case(f"a (50, 8) batch: the expected score never falls and the entropy never rises with alpha (alpha = {alpha:.3f})"):
+        s = 3 * torch.randn(50, 8, generator=g)
+        _, d_mean, d_entropy = f(entmax(s / 1.3, alpha), s, 1.3, alpha)
+        check(bool(torch.all(d_mean >= -1e-12)), "the smallest d<s, p>/dalpha", ">= 0", d_mean.min())
+        check(bool(torch.all(d_entropy <= 1e-12)), "the largest dH/dalpha", "<= 0", d_entropy.max())
+    with h.case("equal scores on the support do not move (alpha = 1.5), whatever their size"):
+        s = torch.tensor([[0.3, 0.3, 0.3, -40.0], [1000.0, 1000.0, -30.0, -30.0]])
+        dp, d_mean, _ = f(entmax(s, 1.5), s, 1.0, 1.5)
+        check_close(dp, torch.zeros(2, 4), "dp/dalpha", atol=1e-12)
+        check_close(d_mean, torch.zeros(2), "d<s, p>/dalpha", atol=1e-9)
+    with h.case("scores shifted by 1000 give the same rates (alpha = 1.7, tau = 0.45)"):
+        s = torch.randn(4, 8, generator=g)
+        base = f(entmax(s / 0.45, 1.7), s, 0.45, 1.7)
+        shifted = f(entmax((s + 1000) / 0.45, 1.7), s + 1000, 0.45, 1.7)
+        for what, x, y in zip(("dp/dalpha", "d<s, p>/dalpha", "dH/dalpha"), shifted, base):
+            check_close(x, y, what, atol=1e-8)
+
+
+def _entmax_threshold_output_derivatives(h):
+    from attnopt.transforms import entmax
+
+    f, g = h.student("entmax_threshold_output_derivatives"), h.rng()
+    jvp = torch.autograd.functional.jvp
+    for alpha, scale, d in ((1.25, 1.0, 4), (1.5, 3.0, 1), (2.0, 2.0, 3)):
+        s = scale * torch.randn(3, 5, 11, generator=g)
+        values = torch.randn(3, 5, 11, d, generator=g)
+        tau = 0.3 + 1.5 * float(torch.rand(1, generator=g))
+        with h.case(f"a (3, 5, 11) batch of scores of scale {scale}, values of dimension {d}, alpha = {alpha}, "
+                    f"tau = {tau:.3f}, agrees with autograd through entmax"):
+            top = entmax(s / tau, alpha).argmax(-1, keepdim=True)
+            at, one = torch.tensor(tau), torch.ones(())
+            threshold = lambda t: ((alpha - 1) * s.gather(-1, top) / t - entmax(s / t, alpha).gather(-1, top) ** (alpha - 1)).squeeze(-1)
+            output = lambda t: (entmax(s / t, alpha).unsqueeze(-1) * values).sum(-2)
+            d_threshold, d_output = f(entmax(s / tau, alpha), s, values, tau, alpha)
+            check_shape(d_threshold, (3, 5), "d threshold/dtau")
+            check_close(d_threshold, jvp(threshold, at, one)[1], "d threshold/dtau", atol=1e-10)
+            check_close(d_output, jvp(output, at, one)[1], "d output/dtau", atol=1e-10)
+    alpha = 1.1 + 0.9 * float(torch.rand(1, generator=g))
+    with h.case(f"masked keys (score -inf) change nothing: the rows without them give the same rates (alpha = {alpha:.3f})"):
+        s = 2 * torch.randn(4, 10, generator=g)
+        values = torch.randn(4, 10, 2, generator=g)
+        masked = s.clone()
+        masked[:, 7:] = -float("inf")
+        found = f(entmax(masked / 0.7, alpha), masked, values, 0.7, alpha)
+        kept = f(entmax(s[:, :7] / 0.7, alpha), s[:, :7], values[:, :7], 0.7, alpha)
+        check_close(found[0], kept[0], "d threshold/dtau", atol=1e-12)
+        check_close(found[1], kept[1], "d output/dtau", atol=1e-12)
+    with h.case("alpha = 2: the threshold moves at minus the plain mean score of the support over tau^2, eq. (3.17)"):
+        s = 4 * torch.randn(6, 12, generator=g)
+        p = entmax(s / 0.6, 2.0)
+        support = (p > 0).to(s.dtype)
+        mean = (support * s).sum(-1) / support.sum(-1)
+        check_close(f(p, s, torch.randn(6, 12, 2, generator=g), 0.6, 2.0)[0], -mean / 0.36, "d threshold/dtau", atol=1e-10)
+    with h.case("a single key in the support: the output does not move, the threshold follows that key's score"):
+        s = torch.tensor([[5.0, -30.0, -30.0, -30.0], [-40.0, 2.0, -35.0, -38.0]])
+        d_threshold, d_output = f(entmax(s, 1.5), s, torch.randn(2, 4, 3, generator=g), 1.0, 1.5)
+        check_close(d_output, torch.zeros(2, 3), "d output/dtau", atol=1e-14)
+        check_close(d_threshold, -0.5 * torch.tensor([5.0, 2.0]), "d threshold/dtau", atol=1e-13)
+    alpha = 1.1 + 0.9 * float(torch.rand(1, generator=g))
+    with h.case(f"scores shifted by 1000 and values shifted by one vector (alpha = {alpha:.3f}, tau = 0.45): the output's "
+                "rate is unchanged, the threshold's falls by (alpha - 1) 1000 / tau^2"):
+        s = torch.randn(4, 8, generator=g)
+        values = torch.randn(4, 8, 3, generator=g)
+        base = f(entmax(s / 0.45, alpha), s, values, 0.45, alpha)
+        shifted = f(entmax((s + 1000) / 0.45, alpha), s + 1000, values + torch.randn(4, 1, 3, generator=g), 0.45, alpha)
+        check_close(shifted[1], base[1], "d output/dtau", atol=1e-9)
+        check_close(shifted[0], base[0] - (alpha - 1) * 1000 / 0.45**2, "d threshold/dtau", atol=1e-8)

@@ -241,7 +241,7 @@ check_close(H, H_autograd, f"the Hessian with eps = {eps}, against autograd", at
             hint="yours is minus autograd's: the value is a minimum of functions linear in C, so it is concave"
             if torch.allclose(H, -H_autograd, atol=1e-12) else
             "check the factor 1/eps" if torch.allclose(H, eps * H_autograd, atol=1e-12) else
-            "the gradient of the value is the plan softmax(-C / eps); differentiate it once more")
+            "the gradient of the value is the optimal plan of Theorem 3.1; differentiate it once more")
 check_close(H @ torch.ones(6), torch.zeros(6), "H 1", atol=1e-14)
 check(torch.linalg.eigvalsh(H).max() < 1e-14, "the largest eigenvalue of H", "<= 0", torch.linalg.eigvalsh(H).max())
 check_shape(f(torch.randn(3, 4, 6, generator=g), eps), (3, 4, 6, 6), "the Hessian for (3, 4, 6) costs")
@@ -458,26 +458,313 @@ every key with $\\pi_j>0$ keeps a positive weight and a nonzero gradient.""",
 }
 
 TSALLIS_ZEROS = {
-    "about": "for which alpha the Tsallis regularizer gives exact zeros, through omega'(0)",
+    "about": "for which alpha the Tsallis regularizer gives exact zeros, through omega'(0), and where the threshold is",
     "params": {},
     "cells": {
         "task:5": """## Task 5 · Exact zeros across the entmax family (2 points, graded by hand)
 
-Using the optimality (KKT) conditions of $\\min_{p\\in\\Delta}\\langle C,p\\rangle+\\varepsilon\\Omega(p)$ with
-the Tsallis regularizer $\\Omega(p)=\\sum_j\\frac{p_j^\\alpha-p_j}{\\alpha(\\alpha-1)}$ of $\\alpha$-entmax, explain in
-a few sentences for which $\\alpha\\ge1$ a key can get exactly zero weight (softmax is the limit
-$\\alpha\\to1$), and give the cost above which a key gets weight zero in terms of the multiplier of
-$\\sum_jp_j=1$. Then say what this means for the backward pass at a key of weight zero.""",
+Take the regularizer of $\\alpha$-entmax as the book writes it (the table of the family in section 3.3,
+which gives eq. (3.18)): $\\Omega(p)=\\frac{\\sum_jp_j^\\alpha-1}{\\alpha(\\alpha-1)}$, $\\alpha>1$, a sum of
+$\\omega(t)=\\frac{t^\\alpha}{\\alpha(\\alpha-1)}$ over the keys up to a constant. Using the optimality (KKT)
+conditions of $\\min_{p\\in\\Delta}\\langle C,p\\rangle+\\varepsilon\\Omega(p)$, derive the weight of every key
+in terms of its cost and the multiplier $\\lambda$ of $\\sum_jp_j=1$, and give the cost above which a key
+gets weight exactly zero (compare Theorem 3.2). Explain why every $\\alpha>1$ can give exact zeros
+while the limit $\\alpha\\to1$, softmax, cannot, and say what happens to the threshold in that limit.
+Then say what this means for the backward pass at a key of weight zero.""",
         "written_exact_zeros": """With a multiplier $\\lambda$ for $\\sum_jp_j=1$ and $\\mu_j\\ge0$ for $p_j\\ge0$, stationarity reads
 $C_j+\\varepsilon\\,\\omega'(p_j)=\\lambda+\\mu_j$ with $\\mu_jp_j=0$, where
-$\\omega'(p)=\\frac{\\alpha p^{\\alpha-1}-1}{\\alpha(\\alpha-1)}$. For $\\alpha>1$, $\\omega'$ is increasing and finite
-at $0$, $\\omega'(0)=-\\frac1{\\alpha(\\alpha-1)}$, so $p_j=0$ is optimal exactly when
-$C_j-\\frac{\\varepsilon}{\\alpha(\\alpha-1)}\\ge\\lambda$, i.e. for every key whose cost is at least
-$\\lambda+\\frac{\\varepsilon}{\\alpha(\\alpha-1)}$: every $\\alpha>1$ can give exact zeros. As $\\alpha\\to1$ the
-threshold $\\frac{\\varepsilon}{\\alpha(\\alpha-1)}\\to\\infty$ and $\\omega'(p)\\to1+\\log p$, which tends to $-\\infty$
-at $0$: softmax never gives a zero. A key of weight zero gets zero gradient: the Jacobian of entmax
-carries the factor $p_j^{2-\\alpha}$, which is $0$ off the support, so the model receives no signal to
-raise that key until its score crosses the threshold.""",
+$\\omega'(t)=\\frac{t^{\\alpha-1}}{\\alpha-1}$ (the constant $-\\frac1{\\alpha(\\alpha-1)}$ of $\\Omega$ has no
+derivative). For $\\alpha>1$, $\\omega'$ is increasing and $\\omega'(0)=0$ is finite, so $p_j=0$ is optimal
+exactly when $\\mu_j=C_j-\\lambda\\ge0$: every key whose cost is at least $\\lambda$ gets weight zero, and
+the others get $p_j=\\big[(\\alpha-1)(\\lambda-C_j)/\\varepsilon\\big]^{1/(\\alpha-1)}>0$, which is eq. (3.18) for
+the scores $-C/\\varepsilon$ (Theorem 3.2 with $c_j=0$). So every $\\alpha>1$ can give exact zeros. As
+$\\alpha\\to1$, write $\\omega'(t)=\\frac1{\\alpha-1}+\\frac{t^{\\alpha-1}-1}{\\alpha-1}$: the first part is the same
+for every key and goes into the multiplier, $\\lambda-\\frac{\\varepsilon}{\\alpha-1}$ stays finite (it tends
+to the multiplier of the entropic problem minus $\\varepsilon$), so the zero threshold
+$\\lambda=\\big(\\lambda-\\frac{\\varepsilon}{\\alpha-1}\\big)+\\frac{\\varepsilon}{\\alpha-1}$ runs off to $+\\infty$; the
+second part tends to $\\log t$, which is $-\\infty$ at $0$: softmax never gives a zero. (Written as
+$\\sum_j\\frac{p_j^\\alpha-p_j}{\\alpha(\\alpha-1)}$, the regularizer differs from the book's by the term
+$-\\frac{\\sum_jp_j-1}{\\alpha(\\alpha-1)}$, linear in $p$ and zero on the simplex, which only shifts the
+multiplier: there $\\omega'(0)=-\\frac1{\\alpha(\\alpha-1)}$ and the threshold reads
+$\\lambda+\\frac{\\varepsilon}{\\alpha(\\alpha-1)}$; either answer is right if its convention is stated.) A key
+of weight zero gets zero gradient: the Jacobian of entmax carries the factor $p_j^{2-\\alpha}$, which is
+$0$ off the support, so the model receives no signal to raise that key until its cost falls below
+the threshold.""",
+    },
+}
+
+# ------------------------------------------------------------------ Tasks 6 and 7: other derivatives along the family
+
+
+ALPHA_DERIVATIVES = {
+    "about": "how alpha-entmax, its expected score and its Tsallis entropy move with alpha at a fixed temperature",
+    "params": {"function": "entmax_alpha_derivatives"},
+    "cells": {
+        "intro": [_row("| 6 | a derivation: how $\\alpha$-entmax moves with the temperature |",
+                       "| 6 | a derivation: how $\\alpha$-entmax moves with $\\alpha$ |"),
+                  _row("| 7 | the temperature derivatives of Task 6 in code |",
+                       "| 7 | the derivatives in $\\alpha$ of Task 6 in code |")],
+        "task:6": """## Task 6 · Moving along the entmax family: a derivation (2 points, graded by hand)
+
+Proposition 3.4 follows softmax's weights as the temperature rises. Here the temperature stays
+fixed and the member of the family moves: let $p(\\alpha)=\\operatorname{entmax}_\\alpha(z)$, eq. (3.18), for
+the scores $z=s/\\tau$ with $\\tau>0$ fixed, $1<\\alpha\\le2$, and assume that the support
+$S=\\{j:p_j>0\\}$ does not change near $\\alpha$.
+
+* **(a)** Derive $dp_j/d\\alpha$ for every key, on the support and off it, in terms of $p$, $z$ and
+  $\\alpha$ only (no threshold left in the answer). The Shannon entropy $H(p)$ will appear.
+* **(b)** Derive $\\frac{d}{d\\alpha}\\langle s,p(\\alpha)\\rangle$ and the total derivative
+  $\\frac{d}{d\\alpha}H^{\\mathrm T}_\\alpha(p(\\alpha))$ of the Tsallis entropy
+  $H^{\\mathrm T}_\\alpha(p)=\\frac1{\\alpha(\\alpha-1)}\\sum_j(p_j-p_j^\\alpha)$ of section 3.3, which depends on
+  $\\alpha$ twice: through the weights and through its own formula. Show that the first derivative is
+  never negative and the second never positive, and say when the first vanishes.
+* **(c)** Say what (a) gives at $\\alpha=2$ (sparsemax) for a key inside the support and for a key
+  outside it.
+
+*Where to start:* differentiate the optimality condition of eq. (3.18) on the support in $\\alpha$,
+not a formula for $p$; the exponent $\\alpha-1$ moves too, and the weights summing to one for every
+$\\alpha$ fixes how the threshold moves. For the sign in (b), write $z_j$ through
+$q_j=p_j^{\\alpha-1}$. Write your derivation in the cell below (Markdown and LaTeX); Task 7 turns it
+into code.""",
+        "written_entmax_temperature": """On the support, eq. (3.18) with the scores $z=s/\\tau$ reads $p_j^{\\alpha-1}=(\\alpha-1)z_j-\\lambda(\\alpha)$.
+
+**(a)** Differentiating $p_j^{\\alpha-1}=e^{(\\alpha-1)\\log p_j}$ in $\\alpha$,
+$p_j^{\\alpha-1}\\log p_j+(\\alpha-1)p_j^{\\alpha-2}\\dot p_j=z_j-\\dot\\lambda$. Multiplying by $w_j=p_j^{2-\\alpha}$
+(so that $w_jp_j^{\\alpha-1}=p_j$), $(\\alpha-1)\\dot p_j=w_j(z_j-\\dot\\lambda)-p_j\\log p_j$. Off the support
+$p_j=0$ for all nearby $\\alpha$, so $\\dot p_j=0$ (set $w_j=0$ and $p_j\\log p_j=0$ there). Since
+$\\sum_j\\dot p_j=0$, $\\dot\\lambda=\\bar z_w+H(p)/W$ with $W=\\sum_jw_j$, $\\bar z_w=\\sum_jw_jz_j/W$ and
+$H(p)=-\\sum_jp_j\\log p_j$. Hence
+
+$$
+\\frac{dp_j}{d\\alpha}=\\frac1{\\alpha-1}\\Big(w_j\\,(z_j-\\bar z_w)-p_j\\log p_j-\\frac{w_j}{W}\\,H(p)\\Big),
+\\qquad w_j=p_j^{2-\\alpha}\\mathbb 1[p_j>0].
+$$
+
+**(b)** Since $\\sum_j\\dot p_j=0$, $\\bar z_w$ may be subtracted from $z_j$:
+$\\frac{d}{d\\alpha}\\langle s,p\\rangle=\\tau\\sum_j(z_j-\\bar z_w)\\dot p_j
+=\\frac{\\tau}{\\alpha-1}\\Big(\\sum_jw_j(z_j-\\bar z_w)^2-\\sum_jp_j\\log p_j\\,(z_j-\\bar z_w)\\Big)$.
+With $q_j=p_j^{\\alpha-1}\\in(0,1]$ on $S$: $z_j=(q_j+\\lambda)/(\\alpha-1)$, the $w$-mean of $q$ is
+$\\bar q=\\sum_jw_jq_j/W=1/W$, $z_j-\\bar z_w=(q_j-\\bar q)/(\\alpha-1)$, $p_j=w_jq_j$ and
+$\\log p_j=\\log q_j/(\\alpha-1)$, so with $\\varphi(q)=q(1-\\log q)$ (subtracting the constant $\\varphi(\\bar q)-\\bar q$,
+which $\\sum_jw_j(q_j-\\bar q)=0$ allows)
+
+$$
+\\frac{d}{d\\alpha}\\langle s,p\\rangle=\\frac{\\tau}{(\\alpha-1)^3}\\sum_jw_j\\,(q_j-\\bar q)\\big(\\varphi(q_j)-\\varphi(\\bar q)\\big)\\ge0,
+$$
+
+because $\\varphi'(q)=-\\log q\\ge0$ on $(0,1]$ and $\\bar q=1/W\\le1$ ($W=\\sum_jp_j^{2-\\alpha}\\ge\\sum_jp_j=1$).
+It vanishes exactly when all $q_j$ are equal on $S$, that is, when the scores are equal on the support
+(a single key in the support included): raising $\\alpha$ moves weight onto the high scores. For the
+entropy, $\\partial H^{\\mathrm T}_\\alpha/\\partial p_j=\\frac{1-\\alpha p_j^{\\alpha-1}}{\\alpha(\\alpha-1)}$; with
+$\\sum_j\\dot p_j=0$ and the optimality condition the weights contribute
+$-\\frac1{\\alpha-1}\\sum_jp_j^{\\alpha-1}\\dot p_j=-\\sum_jz_j\\dot p_j=-\\frac1\\tau\\frac{d}{d\\alpha}\\langle s,p\\rangle\\le0$,
+and the formula contributes
+$\\partial_\\alpha H^{\\mathrm T}_\\alpha(p)=-\\frac{\\sum_jp_j^\\alpha\\log p_j+(2\\alpha-1)H^{\\mathrm T}_\\alpha(p)}{\\alpha(\\alpha-1)}$, so
+
+$$
+\\frac{d}{d\\alpha}H^{\\mathrm T}_\\alpha(p(\\alpha))=-\\frac1\\tau\\frac{d}{d\\alpha}\\langle s,p\\rangle
+-\\frac{\\sum_jp_j^\\alpha\\log p_j+(2\\alpha-1)H^{\\mathrm T}_\\alpha(p)}{\\alpha(\\alpha-1)}\\le0 .
+$$
+
+The second term is $\\le0$ too: $H^{\\mathrm T}_\\alpha(p)=\\sum_jp_j\\,\\frac1\\alpha\\,\\frac{1-e^{-(\\alpha-1)x_j}}{\\alpha-1}$ with
+$x_j=-\\log p_j\\ge0$, and both $\\frac1\\alpha$ and $\\frac{1-e^{-ux}}{u}$ (the slope of a chord of the concave
+$1-e^{-y}$ from $0$) are positive and decreasing in $\\alpha$.
+
+**(c)** At $\\alpha=2$, $w=\\mathbb 1_S$ and $W=|S|$: a key in the support moves at
+$(z_j-\\bar z_S)-p_j\\log p_j-H(p)/|S|$, with $\\bar z_S$ the plain mean over the support; a key outside it
+does not move until the threshold reaches it (then the support changes and the formula with it).""",
+        "task:7": """## Task 7 · The derivatives in $\\alpha$ in code (3 points)
+
+Implement `entmax_alpha_derivatives(p, scores, tau, alpha)` from your Task 6: given the weights
+`p = entmax_alpha(scores / tau)` (shape `(..., m)`, zeros allowed), the scores of the same shape (a
+masked key has the score `-inf` and weight 0), a fixed temperature `tau > 0` and `1 < alpha <= 2`,
+return `(dp, d_mean, d_entropy)`: $dp/d\\alpha$ of shape `(..., m)`, and
+$\\frac{d}{d\\alpha}\\langle s,p\\rangle$ and the total derivative $\\frac{d}{d\\alpha}H^{\\mathrm T}_\\alpha(p)$ of shape
+`(...)`, in closed form (no finite differences, no autograd), along the last dimension without a
+Python loop over rows. Keys of weight zero, masked or not, must get a derivative of exactly zero,
+and nothing may come out `nan`. The test compares your functions with central finite differences in
+$\\alpha$ of `attnopt`'s `entmax`.""",
+        "entmax_temperature_derivatives": '''def entmax_alpha_derivatives(p, scores, tau, alpha):
+    """d p / d alpha, d <s, p> / d alpha and d H_alpha(p) / d alpha for p = entmax_alpha(scores / tau), tau fixed."""
+    ### BEGIN SOLUTION
+    support = p > 0
+    # on the support p_j^(alpha - 1) = (alpha - 1) z_j - threshold; off it nothing moves. The masks keep
+    # 0 * log 0, 0 * inf and 0 ** 0 (which torch makes nan, nan and 1) out of the sums
+    w = torch.where(support, p ** (2 - alpha), 0.0)
+    z = torch.where(support, scores / tau, 0.0)
+    p_log_p = torch.where(support, p * torch.log(torch.where(support, p, 1.0)), 0.0)
+    total = w.sum(-1, keepdim=True)
+    centred = torch.where(support, z - (w * z).sum(-1, keepdim=True) / total, 0.0)
+    shannon = -p_log_p.sum(-1, keepdim=True)
+    dp = (w * centred - p_log_p - w / total * shannon) / (alpha - 1)
+    d_mean = tau * (centred * dp).sum(-1)
+    tsallis = (p - p**alpha).sum(-1) / (alpha * (alpha - 1))
+    p_alpha_log_p = (torch.where(support, p ** (alpha - 1), 0.0) * p_log_p).sum(-1)
+    # through the weights (the optimality condition turns it into the mean's rate), and through the formula
+    d_entropy = -d_mean / tau - (p_alpha_log_p + (2 * alpha - 1) * tsallis) / (alpha * (alpha - 1))
+    return dp, d_mean, d_entropy
+    ### END SOLUTION''',
+        "test_entmax_temperature": '''# Task 7: against central differences of entmax in alpha (tau fixed), for alpha = 1.5 and alpha = 2
+# (sparsemax), with a masked key.
+from attnopt.transforms import entmax
+from coursework import check, check_close, check_shape, own
+
+f = own(entmax_alpha_derivatives, globals())
+g = torch.Generator().manual_seed(6)
+s = 2 * torch.randn(4, 9, generator=g)
+s[1, 3] = -float("inf")  # a masked key
+tau, step = 0.8, 1e-6
+tsallis = lambda p, alpha: (p - p**alpha).sum(-1) / (alpha * (alpha - 1))
+for alpha in (1.5, 2.0):
+    p = entmax(s / tau, alpha)
+    up, down = entmax(s / tau, alpha + step), entmax(s / tau, alpha - step)
+    finite_scores = torch.where(p > 0, s, 0.0)
+    dp, d_mean, d_entropy = f(p, s, tau, alpha)
+    check_shape(dp, (4, 9), f"dp/dalpha for alpha = {alpha}")
+    check_shape(d_mean, (4,), f"d<s, p>/dalpha for alpha = {alpha}")
+    check_shape(d_entropy, (4,), f"dH/dalpha for alpha = {alpha}")
+    check(bool(torch.all(dp[p == 0] == 0)), f"dp/dalpha at the keys of weight 0 (one of them masked), alpha = {alpha}",
+          "exactly 0", dp[p == 0], hint="a key outside the support keeps weight 0 while the support does not change;"
+          " in torch 0 * log 0 and 0 * inf are nan, and at alpha = 2 a power p^(2 - alpha) is 1 at p = 0")
+    check(bool(torch.isfinite(d_mean).all() and torch.isfinite(d_entropy).all()), f"d<s, p>/dalpha and dH/dalpha, alpha = {alpha}",
+          "finite numbers", (d_mean, d_entropy), hint="a masked key has the score -inf: keep it out of every sum")
+    check_close(dp.sum(-1), torch.zeros(4), f"the row sums of dp/dalpha, alpha = {alpha}", atol=1e-12,
+                hint="the weights sum to one for every alpha, so their derivatives sum to zero: this fixes how the threshold moves")
+    check_close(dp, (up - down) / (2 * step), f"dp/dalpha for alpha = {alpha}, against central differences", atol=1e-7,
+                hint="differentiate the optimality condition (3.18) on the support in alpha: the exponent moves too"
+                " (p_j^(alpha - 1) = exp((alpha - 1) log p_j)), and so does the threshold")
+    check_close(d_mean, ((up - down) * finite_scores).sum(-1) / (2 * step),
+                f"d<s, p>/dalpha for alpha = {alpha}, against central differences", atol=1e-7)
+    through_weights = (tsallis(up, alpha) - tsallis(down, alpha)) / (2 * step)
+    check_close(d_entropy, (tsallis(up, alpha + step) - tsallis(down, alpha - step)) / (2 * step),
+                f"dH/dalpha for alpha = {alpha}, against central differences", atol=1e-7,
+                hint="yours is the rate through the weights only: the formula of the Tsallis entropy depends on alpha too"
+                if torch.allclose(d_entropy, through_weights, atol=1e-7) else
+                "use the optimality condition to write p_j^(alpha - 1) on the support through the scores")
+    check(bool(torch.all(d_mean >= -1e-12) and torch.all(d_entropy <= 1e-12)), f"the signs for alpha = {alpha}",
+          "d<s, p>/dalpha >= 0 >= dH/dalpha", (d_mean.min(), d_entropy.max()))
+''' + HIDDEN.format(task="entmax_temperature_derivatives"),
+    },
+}
+
+THRESHOLD_OUTPUT_DERIVATIVES = {
+    "about": "how the threshold of alpha-entmax and the attention output sum_j p_j v_j move with the temperature",
+    "params": {"function": "entmax_threshold_output_derivatives"},
+    "cells": {
+        "intro": [_row("| 6 | a derivation: how $\\alpha$-entmax moves with the temperature |",
+                       "| 6 | a derivation: how the threshold and the output of $\\alpha$-entmax move with the temperature |"),
+                  _row("| 7 | the temperature derivatives of Task 6 in code |",
+                       "| 7 | the derivatives of the threshold and the output of Task 6 in code |")],
+        "task:6": """## Task 6 · The threshold and the output as the temperature moves: a derivation (2 points, graded by hand)
+
+Proposition 3.4 follows softmax's weights as the temperature rises. An attention layer hands on not
+its weights but the output $o=\\sum_jp_jv_j$, with values $v_j\\in\\mathbb R^d$, and $\\alpha$-entmax finds
+its weights through a threshold. Let $p(\\tau)=\\operatorname{entmax}_\\alpha(s/\\tau)$, $1<\\alpha\\le2$, for
+finite scores $s$, so that by eq. (3.18)
+$p_j=\\big[(\\alpha-1)s_j/\\tau-\\lambda(\\tau)\\big]_+^{1/(\\alpha-1)}$ with the threshold $\\lambda(\\tau)$ of the
+scores $s/\\tau$; assume that the support $S=\\{j:p_j>0\\}$ does not change near $\\tau$.
+
+* **(a)** Derive $d\\lambda/d\\tau$ in terms of $p$, $s$, $\\tau$ and $\\alpha$ only (no threshold left in
+  the answer). How does it change when one constant $c$ is added to every score, and why?
+* **(b)** Derive $do/d\\tau$ and write it as a weighted covariance of the scores and the values.
+  Show that adding one vector to every value changes nothing, and that $d=1$, $v_j=s_j$ gives a rate
+  that is never positive.
+* **(c)** Show that $\\alpha\\to1$ gives $do/d\\tau=-\\operatorname{Cov}_p(s,v)/\\tau^2$, the softmax rate (compare the
+  proof of Proposition 3.4), and check (a) at $\\alpha=2$ against the sparsemax threshold of
+  eq. (3.17), differentiated directly.
+
+*Where to start:* differentiate the optimality condition of eq. (3.18) on the support, not a
+formula for $p$; the weights summing to one for every $\\tau$ fixes how the threshold moves.
+Write your derivation in the cell below (Markdown and LaTeX); Task 7 turns it into code.""",
+        "written_entmax_temperature": """On the support, eq. (3.18) with scores $s/\\tau$ reads $p_j^{\\alpha-1}=(\\alpha-1)s_j/\\tau-\\lambda(\\tau)$.
+
+**(a)** Differentiating in $\\tau$, $(\\alpha-1)p_j^{\\alpha-2}\\,\\dot p_j=-(\\alpha-1)s_j/\\tau^2-\\dot\\lambda$, so with
+$w_j=p_j^{2-\\alpha}$ on $S$, $\\dot p_j=-w_j\\big(s_j/\\tau^2+\\dot\\lambda/(\\alpha-1)\\big)$. Off the support
+$p_j=0$ for all nearby $\\tau$, so $\\dot p_j=0$ (set $w_j=0$ there). Since $\\sum_j\\dot p_j=0$,
+
+$$
+\\frac{d\\lambda}{d\\tau}=-\\frac{\\alpha-1}{\\tau^2}\\,\\bar s_w,\\qquad \\bar s_w=\\frac{\\sum_jw_js_j}{\\sum_jw_j},\\quad
+w_j=p_j^{2-\\alpha}\\mathbb 1[p_j>0],
+$$
+
+and $\\dot p_j=-w_j(s_j-\\bar s_w)/\\tau^2$. Adding $c$ to every score leaves the weights unchanged and adds
+$(\\alpha-1)c/\\tau$ to the threshold, which absorbs the shift; its rate gains $-(\\alpha-1)c/\\tau^2$, as
+$\\bar s_w$ gains $c$.
+
+**(b)** With $W=\\sum_jw_j$, $\\tilde w=w/W$ and $\\bar v_w=\\sum_j\\tilde w_jv_j$,
+
+$$
+\\frac{do}{d\\tau}=\\sum_j\\dot p_jv_j=-\\frac1{\\tau^2}\\sum_jw_j(s_j-\\bar s_w)\\,v_j
+=-\\frac{W}{\\tau^2}\\sum_j\\tilde w_j(s_j-\\bar s_w)(v_j-\\bar v_w)=-\\frac{W}{\\tau^2}\\operatorname{Cov}_{\\tilde w}(s,v),
+$$
+
+since $\\sum_jw_j(s_j-\\bar s_w)=0$; the same identity removes any vector added to every value. For $d=1$,
+$v_j=s_j$ the output is $\\langle s,p\\rangle$ and its rate is $-\\frac{W}{\\tau^2}\\operatorname{Var}_{\\tilde w}(s)\\le0$.
+
+**(c)** As $\\alpha\\to1$, $w_j=p_j^{2-\\alpha}\\to p_j$, $W\\to1$, $\\tilde w=p$: $do/d\\tau\\to-\\operatorname{Cov}_p(s,v)/\\tau^2$,
+which is what $\\partial p_j/\\partial\\beta=p_j(s_j-\\mathbb E_p[s])$ with $d\\beta/d\\tau=-1/\\tau^2$ gives for softmax. At
+$\\alpha=2$, eq. (3.17) for the scores $s/\\tau$ gives $\\lambda=\\big(\\sum_{j\\in S}s_j/\\tau-1\\big)/|S|$, so
+$d\\lambda/d\\tau=-\\bar s_S/\\tau^2$ with the plain mean $\\bar s_S$ over the support: (a) with $w=\\mathbb 1_S$ and
+$\\alpha-1=1$.""",
+        "task:7": """## Task 7 · The derivatives of the threshold and the output in code (3 points)
+
+Implement `entmax_threshold_output_derivatives(p, scores, values, tau, alpha)` from your Task 6: given
+the weights `p = entmax_alpha(scores / tau)` (shape `(..., m)`, zeros allowed), the scores of the same
+shape (a masked key has the score `-inf` and weight 0), the values of shape `(..., m, d)`, a
+temperature `tau > 0` and `1 < alpha <= 2`, return `(d_threshold, d_output)`: $d\\lambda/d\\tau$ of shape
+`(...)` and $do/d\\tau$ of shape `(..., d)`, in closed form (no finite differences, no autograd), without
+a Python loop over rows or keys. Keys of weight zero, masked or not, must contribute nothing, and
+nothing may come out `nan`. The test compares your functions with central finite differences of
+`attnopt`'s `entmax`, the threshold read off the weights at the key of largest weight.""",
+        "entmax_temperature_derivatives": '''def entmax_threshold_output_derivatives(p, scores, values, tau, alpha):
+    """d threshold / d tau and d output / d tau for p = entmax_alpha(scores / tau), output = sum_j p_j v_j."""
+    ### BEGIN SOLUTION
+    support = p > 0
+    # p_j^(alpha - 1) = (alpha - 1) s_j / tau - threshold on the support: dp_j = -w_j (s_j - mean_w s) dtau / tau^2,
+    # and the weights summing to one make the threshold follow the w-mean of the scores
+    w = torch.where(support, p ** (2 - alpha), 0.0)
+    finite = torch.where(support, scores, 0.0)  # a masked key's -inf times its zero weight would be nan
+    mean = (w * finite).sum(-1, keepdim=True) / w.sum(-1, keepdim=True)
+    d_threshold = -(alpha - 1) * mean.squeeze(-1) / tau**2
+    dp = -w * torch.where(support, finite - mean, 0.0) / tau**2
+    return d_threshold, (dp.unsqueeze(-1) * values).sum(-2)
+    ### END SOLUTION''',
+        "test_entmax_temperature": '''# Task 7: against central differences of entmax in tau, for alpha = 1.5 and alpha = 2 (sparsemax), with a
+# masked key; the threshold is read off the weights at the key of largest weight, eq. (3.18).
+from attnopt.transforms import entmax
+from coursework import check, check_close, check_shape, own
+
+f = own(entmax_threshold_output_derivatives, globals())
+g = torch.Generator().manual_seed(6)
+s = 2 * torch.randn(4, 9, generator=g)
+s[1, 3] = -float("inf")  # a masked key
+values = torch.randn(4, 9, 3, generator=g)
+tau, step = 0.8, 1e-6
+top = s.argmax(-1, keepdim=True)
+for alpha in (1.5, 2.0):
+    p = entmax(s / tau, alpha)
+    threshold = lambda t: ((alpha - 1) * s.gather(-1, top) / t - entmax(s / t, alpha).gather(-1, top) ** (alpha - 1)).squeeze(-1)
+    output = lambda t: (entmax(s / t, alpha).unsqueeze(-1) * values).sum(-2)
+    d_threshold, d_output = f(p, s, values, tau, alpha)
+    check_shape(d_threshold, (4,), f"d threshold/dtau for alpha = {alpha}")
+    check_shape(d_output, (4, 3), f"d output/dtau for alpha = {alpha}")
+    check(bool(torch.isfinite(d_threshold).all() and torch.isfinite(d_output).all()), f"the derivatives, alpha = {alpha}",
+          "finite numbers", (d_threshold, d_output), hint="a masked key has the score -inf: keep it out of every sum")
+    expected = (threshold(tau + step) - threshold(tau - step)) / (2 * step)
+    check_close(d_threshold, expected, f"d threshold/dtau for alpha = {alpha}, against central differences", atol=1e-7,
+                hint="the threshold of eq. (3.18) is measured in units of p^(alpha - 1): check the factor alpha - 1"
+                if torch.allclose(d_threshold * (alpha - 1), expected, atol=1e-7) and alpha != 2 else
+                "yours is minus the rate: at a higher temperature the scores s / tau shrink, and the threshold follows them"
+                if torch.allclose(d_threshold, -expected, atol=1e-7) else
+                "differentiate the optimality condition (3.18) on the support, and only there (in torch 0 ** 0 is 1, so at"
+                " alpha = 2 a power p^(2 - alpha) is 1 at p = 0); the weights sum to one for every tau")
+    check_close(d_output, (output(tau + step) - output(tau - step)) / (2 * step),
+                f"d output/dtau for alpha = {alpha}, against central differences", atol=1e-7,
+                hint="first dp/dtau on the support, where the threshold moves with tau too; the output then follows by linearity")
+    shift = torch.randn(4, 1, 3, generator=g)
+    check_close(f(p, s, values + shift, tau, alpha)[1], d_output, f"d output/dtau with every value shifted by one vector, alpha = {alpha}",
+                atol=1e-12, hint="the weights sum to one for every tau: their derivatives sum to zero")
+''' + HIDDEN.format(task="entmax_temperature_derivatives"),
     },
 }
 
@@ -488,4 +775,5 @@ VARIANTS = {
     "lse_hessian": [VALUE_HESSIAN, SPARSEMAX_HESSIAN],
     "eot_value": [PRIOR_VALUE, SPARSE_VALUE],
     "written_exact_zeros": [PRIOR_ZEROS, TSALLIS_ZEROS],
+    "entmax_temperature_derivatives": [ALPHA_DERIVATIVES, THRESHOLD_OUTPUT_DERIVATIVES],
 }

@@ -99,7 +99,8 @@ def test_each_variant_passes_its_visible_and_hidden_checks(tmp_path, monkeypatch
             out = outcome[cell["metadata"]["nbgrader"]["grade_id"] + "/out"]
             assert "hidden check 1 (" in out and "failed" not in out, out
     record = json.loads((course / "grading" / "variants.json").read_text())
-    assert {t: r["variant"] for t, r in record.items()} == {t: v for t, vs in VARIED[name].items() if len(vs) >= v}
+    assert {t: r["variant"] for t, r in record.items() if t in VARIED[name]} == \
+        {t: v for t, vs in VARIED[name].items() if len(vs) >= v}
 
 
 @pytest.mark.parametrize("renamed", [False, True], ids=["verbatim", "renamed"])
