@@ -5,7 +5,8 @@ variant a course may draw must be solvable (its solution passes its visible chec
 checks, here and under 20 secrets), and a copy of the public solutions, pasted as it is or with its
 function renamed to the variant's, must fail every varied task, so that it scores at most half of an
 assignment's autograded points whatever the secret (``test_nbgrader.py`` grades such a copy through
-nbgrader under a fresh secret).
+nbgrader under a fresh secret); and the solution of the variant a course did not draw fails the one
+it drew.
 """
 
 from __future__ import annotations
@@ -156,3 +157,30 @@ def test_the_variants_pass_their_hidden_checks_under_every_secret_of_a_sweep(v):
     assert failures, "no task has this variant"
     failed = {task: f for task, f in failures.items() if f}
     assert not failed, "\n\n".join(f"{task}: {len(f)} of 20 secrets failed; {f[0][0]}:\n{f[0][1]}" for task, f in failed.items())
+
+
+@pytest.mark.parametrize("name,v", [(name, v) for name, v in CASES if v <= 2])
+def test_the_other_variants_solution_fails_too(tmp_path, monkeypatch, name, v):
+    """A student who finds ``assignments/variants/`` but pastes the solution of the variant the course
+    did not draw fails every task whose two variants differ (both are in the repository, so this is
+    the copy a guess of the draw gives; the guide says a copy of the right one passes)."""
+    other = 3 - v
+    rendered = staged(tmp_path / "other", name, other)
+    notebook = json.loads(next((rendered / "source" / name).glob("*.ipynb")).read_text())
+    answers = {c["metadata"]["nbgrader"]["grade_id"]: _text(c) for c in notebook["cells"]
+               if c["metadata"].get("nbgrader", {}).get("solution") and c["cell_type"] == "code"}
+    course = staged(tmp_path / "drawn", name, v)
+    outcome = run(course, name, monkeypatch, answers)
+    drawn = json.loads(next((course / "source" / name).glob("*.ipynb")).read_text())
+    assert set(answers) <= {c["metadata"].get("nbgrader", {}).get("grade_id") for c in drawn["cells"]}
+    both = {task for task, variants in VARIED[name].items() if len(variants) >= 2}
+    checked = 0
+    for c in drawn["cells"]:
+        gid = c["metadata"].get("nbgrader", {}).get("grade_id")
+        call = HIDDEN_CALL.search(_text(c)) if c["cell_type"] == "code" else None
+        if call and call[1] in both:
+            assert outcome[gid], f"{gid}: the solution of variant {other} passes variant {v}"
+            checked += 1
+    assert checked == len(both & {HIDDEN_CALL.search(_text(c))[1] for c in drawn["cells"]
+                                  if c["cell_type"] == "code" and HIDDEN_CALL.search(_text(c))})
+    assert checked >= 3, checked
