@@ -270,10 +270,7 @@ _, P_fenchel_far = generalized_attention(**far)
 check_close(P_fenchel_far, P_far, "generalized_attention's weights for queries and keys shifted by one vector of size 40",
             atol=1e-11)
 check_close(P_far, P_kernel, "the kernel's weights shifted by one vector (they do not move)", atol=1e-11)
-# hidden checks: other inputs, drawn from the course key, when the notebook is graded
-from coursework import hidden_checks
-
-hidden_checks("to_fenchel", globals())''',
+''' + HIDDEN.format(task="to_fenchel"),
     },
 }
 
@@ -350,10 +347,7 @@ _, P_fenchel_big = generalized_attention(**big_f)
 check_close(P_fenchel_big, P_kernel, "generalized_attention's weights for the bias + 1000 (the same weights)", atol=1e-11)
 check_close(one_sided_eot(**big_e, regularizer="kl"), P_kernel, "one_sided_eot's plan for the bias + 1000 (the same weights)",
             atol=1e-11)
-# hidden checks: other inputs, drawn from the course key, when the notebook is graded
-from coursework import hidden_checks
-
-hidden_checks("to_fenchel", globals())''',
+''' + HIDDEN.format(task="to_fenchel"),
     },
 }
 
@@ -422,10 +416,7 @@ check_close(r_discrete, r_continuous, "discrete attention on the uneven grid aga
 even = torch.linspace(-1.5, 2.5, 4001)
 check_close(f(theta, even)[0], torch.softmax(theta[0] * even + theta[1] * even**2, dim=-1),
             "p on an even grid (the plain softmax of Proposition 5.2)", atol=1e-12)
-# hidden checks: other inputs, drawn from the course key, when the notebook is graded
-from coursework import hidden_checks
-
-hidden_checks("grid_softmax", globals())''',
+''' + HIDDEN.format(task="grid_softmax"),
     },
 }
 
@@ -495,10 +486,7 @@ basis = GaussianRBF(torch.linspace(0, 1, 16), 0.08)
 r_discrete = q @ basis(t[:, None])
 r_continuous = continuous_sparsemax(torch.tensor([mu0]), torch.tensor([[scale]]), basis)
 check_close(r_discrete, r_continuous, "discrete attention on the grid against continuous sparsemax", atol=1e-5)
-# hidden checks: other inputs, drawn from the course key, when the notebook is graded
-from coursework import hidden_checks
-
-hidden_checks("grid_softmax", globals())''',
+''' + HIDDEN.format(task="grid_softmax"),
     },
 }
 
@@ -572,10 +560,7 @@ check_close(f(C, 20.0, 0.01), 1.06 * torch.softmax(-C / 20.0, dim=-1) - 0.01, "t
 forbidden = torch.tensor([0.3, float("inf"), -0.2, 1.0])
 check_close(f(forbidden, 0.5, 0.1), one_sided_eot(forbidden, eps=0.5, regularizer=lambda x: 1 + torch.log(x + 0.1)),
             "the plan with a forbidden key (cost +inf)", atol=1e-10)
-# hidden checks: other inputs, drawn from the course key, when the notebook is graded
-from coursework import hidden_checks
-
-hidden_checks("sparse_eot", globals())''',
+''' + HIDDEN.format(task="sparse_eot"),
     },
 }
 
@@ -640,10 +625,7 @@ check(bool((p == 0).any()), "the number of exact zeros", "at least one", "none",
       hint="clamp at 0 before squaring: a key below the threshold gets weight 0")
 forbidden = torch.tensor([0.3, float("inf"), -0.2, 1.0])
 check_close(f(forbidden, 0.5), entmax(-forbidden / 0.5, 1.5), "the plan with a forbidden key (cost +inf)", atol=1e-10)
-# hidden checks: other inputs, drawn from the course key, when the notebook is graded
-from coursework import hidden_checks
-
-hidden_checks("sparse_eot", globals())''',
+''' + HIDDEN.format(task="sparse_eot"),
     },
 }
 
@@ -772,10 +754,7 @@ shifted = f(C + 1000.0, eps)
 check_close(shifted[0] - f(C, eps)[0], torch.full((3,), 1000.0), "F(C + 1000) - F(C)", atol=1e-9)
 check_close(shifted[1], f(C, eps)[1], "F'(eps) for the costs C + 1000", atol=1e-9)
 check_close(f(torch.full((2, 5), 0.3), eps)[2], torch.zeros(2), "F'' for equal costs (a uniform plan)", atol=1e-12)
-# hidden checks: other inputs, drawn from the course key, when the notebook is graded
-from coursework import hidden_checks
-
-hidden_checks("value_derivatives", globals())''',
+''' + HIDDEN.format(task="value_derivatives"),
     },
 }
 
@@ -903,10 +882,7 @@ shifted = f(C + 1000.0, eps)
 check_close(shifted[0] - f(C, eps)[0], torch.full((3,), 1000.0), "F(C + 1000) - F(C)", atol=1e-9)
 check_close(shifted[1], f(C, eps)[1], "F'(eps) for the costs C + 1000", atol=1e-9)
 check_close(f(torch.full((2, 4), 0.3), eps)[2], torch.zeros(2), "F'' for equal costs (a uniform plan)", atol=1e-12)
-# hidden checks: other inputs, drawn from the course key, when the notebook is graded
-from coursework import hidden_checks
-
-hidden_checks("value_derivatives", globals())''',
+''' + HIDDEN.format(task="value_derivatives"),
     },
 }
 
