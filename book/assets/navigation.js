@@ -52,10 +52,16 @@
         close.type = "button";
         close.className = "toc-close";
         close.textContent = "Close contents";
-        close.addEventListener("click", function () { dialog.close(); });
+        close.addEventListener("click", function () { dialog.close(); mark(); });
         sidebar.insertBefore(close, sidebar.firstChild);
       }
+      // The dialog's "close" event is queued as a task after close() (HTML spec), so a reader or a
+      // screen reader asking straight away would hear the stale state; the open attribute changes
+      // at once, and an observer of it marks the toggles within the same task.
       dialog.addEventListener("close", mark);
+      if (window.MutationObserver) {
+        new MutationObserver(mark).observe(dialog, { attributes: true, attributeFilter: ["open"] });
+      }
       window.addEventListener("resize", mark);
       mark();
     });
