@@ -54,19 +54,24 @@ book: html
 	@echo ""
 	@echo "The book is at $(abspath $(HTML))/index.html"
 
+# Each stage says how long it took, in wall time and in the machine's busy CPU (tools/stage.sh).
+STAGE := bash tools/stage.sh
+
 test: $(STAMP)
 	# tests/peers: entmax's and POT's own tests run against attnopt; tests/package: the wheel and
 	# sdist built offline, installed outside the checkout with the core only. One pytest-xdist
 	# process per core, each taking whole modules (their module-scoped fixtures are built once)
-	$(BIN)/python -m pytest -n auto --dist loadfile tests/lib tests/peers tests/conventions tests/assignments tests/package
+	$(STAGE) library $(BIN)/python -m pytest -n auto --dist loadfile tests/lib tests/peers tests/conventions tests/assignments tests/package
 	# JupyterLab in a browser, in a pytest run of its own: in one run with the suites above its slider
 	# test timed out twice in fresh clones (alone it passed each time, in about 70 s)
-	$(BIN)/python -m pytest tests/lab
+	$(STAGE) lab $(BIN)/python -m pytest tests/lab
 	# the GPU parity tests skip without CUDA: run them CPU-against-CPU so that their code stays current
-	ATTNOPT_PARITY_DEVICE=cpu $(BIN)/python -m pytest -q tests/lib/test_device_parity.py
-	$(BIN)/python -m pytest --doctest-modules src/attnopt
-	$(MAKE) pdf student-book
-	$(BIN)/python -m pytest tests/book
+	ATTNOPT_PARITY_DEVICE=cpu $(STAGE) parity $(BIN)/python -m pytest -q tests/lib/test_device_parity.py
+	$(STAGE) doctests $(BIN)/python -m pytest --doctest-modules src/attnopt
+	# the notebooks (run_notebooks.py prints each one's time), then the HTML and the student edition,
+	# two Sphinx builds of the same staged sources on one core each, side by side (-j2), then the PDF
+	$(STAGE) notebooks-and-builds $(MAKE) -j2 pdf student-book
+	$(STAGE) site $(BIN)/python -m pytest tests/book
 
 # JupyterLab on the notebooks, the explorers' widgets working (tests/lab runs one in a browser);
 # --allow-root only when run as root (a container)

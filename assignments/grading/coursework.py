@@ -59,13 +59,35 @@ class _BlockedModule(types.ModuleType):
         raise LibraryBlocked(f"`{self.__name__}.{name}`: the course library is not available inside your function; write it yourself with torch")
 
 
-def _library_functions():
-    """Every function defined in a loaded attnopt module, with the classes' methods."""
+def _library_modules() -> list[tuple[str, object]]:
+    """``(name, module)`` for every entry of ``sys.modules`` under ``attnopt`` (``None`` entries included)."""
+    # inline rather than _in_library: sys.modules holds thousands of names, and this runs per call
+    prefix = LIBRARY + "."
+    return [(name, module) for name, module in list(sys.modules.items())
+            if isinstance(name, str) and (name.startswith(prefix) or name == LIBRARY)]
+
+
+# The last scan of _library_functions: its key, the module values it saw (held, so that their ids
+# cannot be reused by new objects), and the functions it found.
+_SCAN: dict = {"key": None, "held": None, "functions": []}
+
+
+def _library_functions(modules: list | None = None):
+    """Every function defined in a loaded attnopt module, with the classes' methods.
+
+    The scan walks every module and every class in it, thousands of objects, and a test cell calls
+    the student's function many times; it is redone only when a library module was imported,
+    reloaded or rebound, or one of its top-level names was (the key: each module's name, identity
+    and the identities of its values)."""
+    modules = _library_modules() if modules is None else modules
+    live = [(name, module) for name, module in modules if module is not None]
+    held = [tuple(vars(module).values()) for _, module in live]
+    key = tuple((name, id(module), tuple(map(id, values))) for (name, module), values in zip(live, held))
+    if key == _SCAN["key"]:
+        return _SCAN["functions"]
     seen = {}
-    for modname, module in list(sys.modules.items()):
-        if not _in_library(modname) or module is None:
-            continue
-        for value in list(vars(module).values()):
+    for (modname, module), values in zip(live, held):
+        for value in values:
             candidates = [value]
             if isinstance(value, type) and _in_library(getattr(value, "__module__", None)):
                 for attr in vars(value).values():
@@ -77,7 +99,8 @@ def _library_functions():
                     fn = fn.__wrapped__
                 if isinstance(fn, types.FunctionType) and _in_library(fn.__module__):
                     seen[id(fn)] = fn
-    return list(seen.values())
+    _SCAN.update(key=key, held=held, functions=list(seen.values()))
+    return _SCAN["functions"]
 
 
 @contextlib.contextmanager
@@ -92,8 +115,9 @@ def without_attnopt(namespace: dict | None = None):
     a module that raises, and ``import attnopt`` raises ``ImportError``. Everything is restored on
     exit.
     """
+    modules = _library_modules()
     swapped = []
-    for fn in _library_functions():
+    for fn in _library_functions(modules):
         code = _blocked.__code__.replace(co_name=fn.__code__.co_name, co_qualname=fn.__code__.co_qualname)
         if fn.__closure__:  # a closure's code cannot be swapped; calls to it reach a swapped function
             continue
@@ -105,7 +129,7 @@ def without_attnopt(namespace: dict | None = None):
             if isinstance(value, types.ModuleType) and _in_library(value.__name__):
                 rebound[name] = value
                 namespace[name] = _BlockedModule(value.__name__)
-    hidden = {name: mod for name, mod in sys.modules.items() if _in_library(name)}
+    hidden = dict(modules)
     for name in hidden:
         del sys.modules[name]
     finder = _BlockImports()

@@ -170,6 +170,41 @@ def test_the_library_works_again_after_the_check():
     assert GaussianRBF(torch.zeros(2), 0.1)(torch.zeros(1, 1)).shape[-1] == 2
 
 
+def test_the_scan_of_the_library_follows_a_reload_and_a_new_name():
+    """without_attnopt keeps its scan of the library's functions between calls (a test cell calls the
+    student's function many times); a module reloaded (new function objects under the old names) or
+    a library function bound under a new top-level name must be blocked all the same."""
+    import importlib
+
+    import torch
+
+    import attnopt.transforms.geometry as geometry
+
+    p = torch.full((3,), 1 / 3)
+    with coursework.without_attnopt({}):  # the scan is made and kept
+        pass
+    old = geometry.fisher_information
+    importlib.reload(geometry)
+    try:
+        assert geometry.fisher_information is not old
+        with coursework.without_attnopt({}):
+            for fn in (geometry.fisher_information, old):
+                with pytest.raises(coursework.LibraryBlocked):
+                    fn(p)
+
+        def made_later(x):  # a function of the library's made after the scan, under a new name
+            return x
+
+        made_later.__module__ = geometry.__name__
+        geometry.made_later = made_later
+        with coursework.without_attnopt({}):
+            with pytest.raises(coursework.LibraryBlocked):
+                made_later(p)
+        assert made_later(p) is p and torch.allclose(geometry.fisher_information(p).sum(), torch.tensor(0.0), atol=1e-7)
+    finally:
+        vars(geometry).pop("made_later", None)
+
+
 # ------------------------------------------------------------------ wrong answers, caught visibly
 
 
