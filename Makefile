@@ -12,7 +12,7 @@ HTML := $(BUILD_DIR)/_build/html
 export ATTNOPT_BUILD_DIR := $(BUILD_DIR)
 JB_FLAGS := --all -W -n --keep-going
 
-.PHONY: book test lab install notebooks html student-book pdf assignments clean
+.PHONY: book test lab lab-test install notebooks html student-book pdf assignments clean
 
 # The environment is (re)installed when it is missing or the pins change.
 $(STAMP): requirements.txt pyproject.toml
@@ -62,16 +62,20 @@ test: $(STAMP)
 	# sdist built offline, installed outside the checkout with the core only. One pytest-xdist
 	# process per core, each taking whole modules (their module-scoped fixtures are built once)
 	$(STAGE) library $(BIN)/python -m pytest -n auto --dist loadfile tests/lib tests/peers tests/conventions tests/assignments tests/package
-	# JupyterLab in a browser, in a pytest run of its own: in one run with the suites above its slider
-	# test timed out twice in fresh clones (alone it passed each time, in about 70 s)
-	$(STAGE) lab $(BIN)/python -m pytest tests/lab
 	# the GPU parity tests skip without CUDA: run them CPU-against-CPU so that their code stays current
 	ATTNOPT_PARITY_DEVICE=cpu $(STAGE) parity $(BIN)/python -m pytest -q tests/lib/test_device_parity.py
 	$(STAGE) doctests $(BIN)/python -m pytest --doctest-modules src/attnopt
-	# the notebooks (run_notebooks.py prints each one's time), then the HTML and the student edition,
-	# two Sphinx builds of the same staged sources on one core each, side by side (-j2), then the PDF
-	$(STAGE) notebooks-and-builds $(MAKE) -j2 pdf student-book
+	# Two jobs at a time (-j2): the notebooks (run_notebooks.py prints each one's time) beside
+	# JupyterLab's browser test, which mostly waits for its server and browser (0.4 of a core for
+	# 90 s alone; beside the xdist suites above its slider test timed out twice, so it waits for
+	# them); then the HTML and the student edition, two Sphinx builds of the same staged sources on
+	# one core each; then the PDF from the HTML
+	$(STAGE) notebooks-lab-builds $(MAKE) -j2 lab-test pdf student-book
 	$(STAGE) site $(BIN)/python -m pytest tests/book
+
+# JupyterLab in a browser: an explorer notebook runs and its widgets answer a slider (tests/lab)
+lab-test: $(STAMP)
+	$(BIN)/python -m pytest tests/lab
 
 # JupyterLab on the notebooks, the explorers' widgets working (tests/lab runs one in a browser);
 # --allow-root only when run as root (a container)

@@ -3,7 +3,8 @@
 This module ships with every assignment (``tools/assignments.py`` copies it next to each notebook,
 and ``nbgrader autograde`` copies the instructor's version over a student's). The test cells use
 
-* ``check_close(found, expected, what)``, ``check_shape(found, shape, what)``,
+* ``check_close(found, expected, what)``, ``check_one_hot(found, expected, what)``,
+  ``check_shape(found, shape, what)``,
   ``check(condition, what, expected, found)``: an ``AssertionError`` that says what was checked,
   what was expected and what was found (numbers, shapes, the largest difference and where);
 * ``own(function, namespace)``: the student's function, wrapped so that every call runs with the
@@ -223,6 +224,19 @@ def check_close(found, expected, what: str, atol: float = 1e-12, rtol: float = 0
             f"{diff[worst].item():.3g}{at} (expected {expected[worst].item():.10g}, found {found64[worst].item():.10g}, "
             f"tolerance {bound[worst].item() if bound.ndim else float(bound):.1g})" + (f". {hint}" if hint else "")
         )
+
+
+def check_one_hot(found, expected, what: str, atol: float = 1e-12) -> None:
+    """``found`` equals ``expected``, a tensor of zeros and ones (a one-hot plan, a causal row): every
+    zero exactly, as a sparse solution must give it, and every one within ``atol``, because weights
+    normalized by a division may round their one by an ulp (1 - 2.2e-16 is a correct one-hot plan)."""
+    check_close(found, expected, what, atol=atol)  # the shape, no nan, and the ones
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    found64 = torch.as_tensor(found).detach().to(torch.float64)
+    zeros = expected == 0
+    if zeros.any():
+        check(bool(torch.all(found64[zeros] == 0)), f"{what}: the entries that must vanish", "exactly 0",
+              found64[zeros].abs().max())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from coursework import check, check_close, check_shape
+from coursework import check, check_close, check_one_hot, check_shape
 
 
 def gaussian_lambda_star(h):
@@ -279,7 +279,7 @@ def _causal_t5_preference(h):
         check_close(f(beta + 700.0, padding), lib(bias, mask), "u for the biases + 700")
     with h.case("no padding: the first query attends to itself only, and the last to every key"):
         u = f(beta[0, 0], torch.ones(n, dtype=torch.bool))
-        check_close(u[0], torch.eye(n)[0], "the first row of u", atol=0.0)
+        check_one_hot(u[0], torch.eye(n)[0], "the first row of u")
         check_close(u[-1], torch.softmax(beta[0, 0].flip(-1), -1), "the last row of u", atol=1e-14)
 
 

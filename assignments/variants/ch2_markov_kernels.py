@@ -272,7 +272,7 @@ bias of 1000 must not overflow.""",
     return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
     ### END SOLUTION''',
         "test_attention_kernel_matrix": '''# Task 2: a Markov kernel with exact zeros above the diagonal; against SDPA with the bias and the mask.
-from coursework import check, check_close, check_shape, own
+from coursework import check, check_close, check_one_hot, check_shape, own
 
 f = own(causal_kernel_matrix, globals())
 g = torch.Generator().manual_seed(2)
@@ -285,7 +285,7 @@ check(torch.all(P >= 0), "entries of P", ">= 0", P.min())
 check_close(P.sum(-1), torch.ones(B, N), "row sums of P", atol=1e-14)
 check(bool(torch.all(P.triu(1) == 0)), "P above the diagonal (a query never sees a later key)", "exactly 0",
       P.triu(1).abs().max(), hint="row i is query i: it sees the keys j <= i, the lower triangle")
-check_close(P[:, 0, 0], torch.ones(B), "the weight of the first query on the first key, the only one it sees", atol=0.0)
+check_one_hot(P[:, 0, 0], torch.ones(B), "the weight of the first query on the first key, the only one it sees")
 causal = torch.zeros(N, N).masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), float("-inf"))
 expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias + causal, scale=1 / tau)
 also_bias = F.scaled_dot_product_attention(q, k, v, attn_mask=(bias + causal) / tau, scale=1 / tau)

@@ -205,6 +205,26 @@ def test_the_scan_of_the_library_follows_a_reload_and_a_new_name():
         vars(geometry).pop("made_later", None)
 
 
+def test_a_one_hot_plan_may_round_its_one_but_not_its_zeros():
+    """check_one_hot, for the one-hot plans of the sparse tasks (and a causal first row): a solution
+    that normalizes by a division gives 1 - 2.2e-16 for the one, and is right (an independent
+    solution of Assignment 5's Task 4 lost its 3 points to a check that asked for 1 to the last bit,
+    2026-12-06); a weight of 1e-300 where the task asks for an exact zero is wrong."""
+    import torch
+
+    expected = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    coursework.check_one_hot(torch.tensor([1.0 - 2.0**-52, 0.0, 0.0, 0.0], dtype=torch.float64), expected, "plan")
+    coursework.check_one_hot(torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float32), expected, "plan")
+    with pytest.raises(AssertionError, match="exactly 0"):
+        coursework.check_one_hot(torch.tensor([1.0, 1e-300, 0.0, 0.0], dtype=torch.float64), expected, "plan")
+    with pytest.raises(AssertionError, match="largest difference"):
+        coursework.check_one_hot(torch.tensor([0.999, 0.001, 0.0, 0.0]), expected, "plan")
+    with pytest.raises(AssertionError, match="shape"):
+        coursework.check_one_hot(torch.tensor([1.0, 0.0, 0.0]), expected, "plan")
+    with pytest.raises(AssertionError, match="nan"):
+        coursework.check_one_hot(torch.tensor([float("nan"), 0.0, 0.0, 0.0]), expected, "plan")
+
+
 # ------------------------------------------------------------------ wrong answers, caught visibly
 
 
