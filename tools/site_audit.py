@@ -326,29 +326,41 @@ def _each_visit(visit_one, base: str, *args):
     return open_worker
 
 
+def listen(page, local: str, errors: list[str]) -> None:
+    """Append to ``errors`` what ``page`` logs as an error, throws, or gets as an HTTP error from ``local``."""
+    page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"exception: {exc}"))
+    page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url[len(local):]}") if r.status >= 400 else None)
+
+
+def read_page(page, url: str, errors: list[str]) -> dict:
+    """Load ``url`` in ``page`` (whose context reaches only the local server and whose errors
+    :func:`listen` appends to ``errors``), let MathJax typeset, and return what the page shows plus
+    the errors logged since ``errors`` was last emptied."""
+    page.goto(url, wait_until="load")
+    with contextlib.suppress(Exception):
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=10_000)
+        page.evaluate("() => MathJax.startup.promise")
+    page.wait_for_timeout(100)
+    info = page.evaluate(_PAGE_SCRIPT)
+    info["errors"] = list(errors)
+    return info
+
+
 def visit(browser, url: str) -> dict:
-    """Open ``url`` at 1280 px, let MathJax typeset, and return what the page shows plus its console errors."""
+    """Open ``url`` at 1280 px in a new context, let MathJax typeset, and return what the page
+    shows plus its console errors (:func:`read_page`)."""
     context = browser.new_context(viewport=VIEWPORT)
-    host = url.split("/", 3)[:3]
-    local = "/".join(host)
+    local = "/".join(url.split("/", 3)[:3])
     errors: list[str] = []
     # Nothing but the local server may be reached (the book must work offline).
     context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(local) else route.abort())
     page = context.new_page()
-    page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(f"exception: {exc}"))
-    page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url[len(local):]}") if r.status >= 400 else None)
+    listen(page, local, errors)
     try:
-        page.goto(url, wait_until="load")
-        with contextlib.suppress(Exception):
-            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=10_000)
-            page.evaluate("() => MathJax.startup.promise")
-        page.wait_for_timeout(100)
-        info = page.evaluate(_PAGE_SCRIPT)
+        return read_page(page, url, errors)
     finally:
         context.close()
-    info["errors"] = errors
-    return info
 
 
 # What a phone or a tablet shows, gathered in one evaluation once MathJax has typeset the page.
@@ -518,10 +530,16 @@ def audit(html_dir: Path, pages: list[str] | None = None, browser=None,
     ``n_workers`` browsers share the pages (:func:`map_pages`)."""
     html_dir = Path(html_dir)
     pages = content_pages(html_dir) if pages is None else pages
-    found: dict[str, list[str]] = {name: [] for name in CHECKS}
-    titles: dict[str, list[str]] = defaultdict(list)
     with serve(html_dir) as base:
         visits = map_pages(pages, _each_visit(visit, base), browser, n_workers)
+    return findings(html_dir, pages, visits)
+
+
+def findings(html_dir: Path, pages: list[str], visits: list[dict]) -> dict[str, list[str]]:
+    """The checks of :data:`CHECKS` on what :func:`read_page` returned for each of ``pages``."""
+    html_dir = Path(html_dir)
+    found: dict[str, list[str]] = {name: [] for name in CHECKS}
+    titles: dict[str, list[str]] = defaultdict(list)
     for rel, info in zip(pages, visits):
         titles[info["title"]].append(rel)
         for eq in info["equations"]:

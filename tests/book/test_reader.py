@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import desk_pass
 from book_paths import BUILD, load_tool
 
 site_audit = load_tool("site_audit")
@@ -35,8 +36,9 @@ SCREENSHOT_PAGES = [
 
 
 @pytest.fixture(scope="module")
-def findings(html_dir, browser):
-    return site_audit.audit(html_dir, browser=browser)
+def findings(html_dir):
+    # one load of each page at a desk, shared with axe's checks (tests/book/desk_pass.py)
+    return desk_pass.desk_pass(html_dir)["audit"]
 
 
 @pytest.mark.slow
@@ -91,6 +93,22 @@ def planted(html_dir, browser, tmp_path_factory):
 @pytest.mark.parametrize("check", site_audit.CHECKS)
 def test_each_check_reports_its_planted_defect(planted, check):
     assert any("planted" in line for line in planted[check]), f"{check} missed its planted defect: {planted[check]}"
+
+
+@pytest.mark.slow
+def test_the_shared_desk_pass_reports_the_planted_defects(html_dir, tmp_path):
+    """The checks of every page above come from the pass shared with axe (desk_pass.py: one tab per
+    browser, reused from page to page): on the planted site it reports what site_audit.audit
+    reports, each error on the page that logged it, and axe's findings of the planted page."""
+    site, pages = _plant(html_dir, tmp_path)
+    pages = ["book/preface.html", *pages, "book/ch1/duality.html"]
+    shared = desk_pass._run(site, pages)
+    alone = site_audit.audit(site, pages)
+    assert shared["audit"] == alone
+    assert all(any("planted" in line for line in shared["audit"][check]) for check in site_audit.CHECKS)
+    console = shared["audit"]["console_errors"]
+    assert console and all(line.startswith("book/planted") for line in console), console
+    assert shared["axe"][0] == pages
 
 
 def test_several_browsers_find_what_one_finds(html_dir, browser, tmp_path):
