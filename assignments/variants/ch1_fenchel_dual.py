@@ -65,7 +65,8 @@ than forming an inverse.""",
     # the tilt of N(mu, cov) by lam is N(mu + cov lam, cov): its mean is the estimate (cov is symmetric)
     return mu + lam @ cov
     ### END SOLUTION''',
-        "test_gaussian_lambda_star": '''# Task 1: your estimate is the Bayesian posterior mean (Exercise 1.4); Sigma = I gives mu + alpha/(1+alpha) (b - mu).
+        "test_gaussian_lambda_star": '''# Task 1: your estimate is the mean of the optimal distribution (1.24), computed here by quadrature on a grid,
+# with lambda* found by Newton steps on the dual (1.22).
 from coursework import check_close, check_shape, own
 
 f = own(gaussian_estimate, globals())  # your function, run with attnopt unavailable
@@ -74,20 +75,49 @@ d, alpha = 2, 0.7
 mu, b = torch.randn(d, generator=g), torch.randn(d, generator=g)
 A = torch.randn(d, d, generator=g)
 cov = A @ A.T + 0.5 * torch.eye(d)
-precision = torch.linalg.inv(cov)
-posterior_mean = torch.linalg.inv(precision + alpha * torch.eye(d)) @ (precision @ mu + alpha * b)
-lam = alpha * torch.linalg.inv(torch.eye(d) + alpha * cov) @ (b - mu)  # the dual maximizer
+side = torch.linspace(-18.0, 18.0, 91)
+grid = torch.cartesian_prod(side, side)  # 91 x 91 points 0.4 apart, far wider than every density below
+
+
+def dual_maximizer(mu, b, cov):
+    """Newton's method on the dual (1.22) for u = N(mu, cov), with the log-mgf of Task 1 and autograd's derivatives."""
+    def dual(lam):
+        return lam @ b - lam @ lam / (2 * alpha) - (lam @ mu + 0.5 * lam @ cov @ lam)
+
+    lam = torch.zeros(d)
+    for _ in range(3):
+        hessian = torch.autograd.functional.hessian(dual, lam)
+        lam = lam - torch.linalg.solve(hessian, torch.autograd.functional.jacobian(dual, lam))
+    return lam
+
+
+def tilted_mean(mu, cov, lam):
+    """The mean of the density proportional to u(t) exp<t, lam>, u = N(mu, cov), by the trapezoidal rule on the grid."""
+    centred = grid - mu
+    log_density = -0.5 * ((centred @ torch.linalg.inv(cov)) * centred).sum(-1) + grid @ lam
+    return torch.softmax(log_density, dim=0) @ grid  # the spacing and the normalizing constants cancel
+
+
+def estimate(mu, b, cov):
+    return tilted_mean(mu, cov, dual_maximizer(mu, b, cov))
+
+
 h = f(mu, b, alpha, cov)
 check_shape(h, (d,), "the estimate for d = 2")
-check_close(h, posterior_mean, "the estimate with a full covariance, against the posterior mean", atol=1e-12,
+lam = dual_maximizer(mu, b, cov)
+check_close(h, tilted_mean(mu, cov, lam), "the estimate with a full covariance, against the tilted mean by quadrature",
+            atol=1e-12,
             hint="yours is lambda*, the dual maximizer: the estimate is the mean of the tilted preference"
             if torch.allclose(h, lam, atol=1e-10) else
-            "yours is mu + lambda*: tilting N(mu, Sigma) by lambda moves its mean by Sigma lambda, not by lambda"
+            "yours is mu + lambda*: the tilt does move the mean of N(mu, Sigma), but not by lambda* itself"
             if torch.allclose(h, mu + lam, atol=1e-10) else
             "complete the square in the exponent of the tilted density: which Gaussian is it?")
-check_close(f(mu, b, alpha), mu + alpha / (1 + alpha) * (b - mu), "the estimate with cov=None", atol=1e-12)
+check_close(f(mu, b, alpha), estimate(mu, b, torch.eye(d)), "the estimate with cov=None", atol=1e-12)
 mus, bs = torch.randn(4, 5, d, generator=g), torch.randn(4, 5, d, generator=g)
-check_close(f(mus, bs, alpha), mus + alpha / (1 + alpha) * (bs - mus), "the estimate for a (4, 5, 2) batch", atol=1e-12)
+expected = torch.stack([estimate(m, o, torch.eye(d)) for m, o in zip(mus.reshape(-1, d), bs.reshape(-1, d))])
+check_close(f(mus, bs, alpha), expected.reshape(4, 5, d), "the estimate for a (4, 5, 2) batch", atol=1e-12)
+check_close(f(mus[0], bs[0], alpha, cov), torch.stack([estimate(m, o, cov) for m, o in zip(mus[0], bs[0])]),
+            "the estimate for a (5, 2) batch with a full covariance", atol=1e-12)
 ''' + HIDDEN.format(task="gaussian_lambda_star"),
     },
 }
@@ -125,7 +155,8 @@ rather than forming an inverse. Careful: $W$ and $\\Sigma$ need not commute.""",
     rhs = (z @ weight).unsqueeze(-1)  # W z, W being symmetric
     return torch.linalg.solve(system.expand(*rhs.shape[:-2], -1, -1), rhs).squeeze(-1)
     ### END SOLUTION''',
-        "test_gaussian_lambda_star": '''# Task 1: the gradient of the weighted Gaussian dual vanishes at your lambda*; W = alpha I gives alpha/(1+alpha) (b - mu).
+        "test_gaussian_lambda_star": '''# Task 1: your lambda* tilts N(mu, Sigma) to the minimizer of the problem of Exercise 1.3, found here by Newton
+# steps on that problem's objective over the tilts of the preference.
 from coursework import check_close, check_shape, own
 
 f = own(gaussian_lambda_star_weighted, globals())  # your function, run with attnopt unavailable
@@ -137,27 +168,56 @@ cov = A @ A.T + 0.5 * torch.eye(d)
 W = B @ B.T + 0.3 * torch.eye(d)
 
 
-def weighted_dual(lam):
-    return lam @ b - 0.5 * lam @ torch.linalg.solve(W, lam) - (lam @ mu + 0.5 * lam @ cov @ lam)
+def log_mgf(lam, mu, cov):  # log E_u exp<t, lam> for u = N(mu, cov), as Task 1 states it
+    return lam @ mu + 0.5 * lam @ cov @ lam
+
+
+def primal(lam, mu, b, W, cov):
+    """The objective of Exercise 1.3 at the tilt of u = N(mu, cov) by lam: the penalty of its mean plus its KL to u."""
+    with torch.enable_grad():
+        lam = lam if lam.requires_grad else lam.detach().requires_grad_(True)
+        (mean,) = torch.autograd.grad(log_mgf(lam, mu, cov), lam, create_graph=True)  # the mean of the tilt
+        kl = lam @ mean - log_mgf(lam, mu, cov)  # KL(tilt || u) = E_tilt <t, lam> - log E_u exp<t, lam>
+        return 0.5 * (b - mean) @ W @ (b - mean) + kl
+
+
+def primal_gradient(lam, mu, b, W, cov):
+    return torch.autograd.functional.jacobian(lambda x: primal(x, mu, b, W, cov), lam)
+
+
+def minimizer(mu, b, W, cov):  # Newton's method on the objective over the tilts, with autograd's derivatives
+    lam = torch.zeros(d)
+    for _ in range(3):
+        hessian = torch.autograd.functional.hessian(lambda x: primal(x, mu, b, W, cov), lam)
+        lam = lam - torch.linalg.solve(hessian, primal_gradient(lam, mu, b, W, cov))
+    return lam
 
 
 lam = f(mu, b, W, cov)
 check_shape(lam, (d,), "lambda* for d = 2")
-leaf = lam.detach().requires_grad_(True)
-(grad,) = torch.autograd.grad(weighted_dual(leaf), leaf)
-wrong_side = torch.linalg.solve(torch.eye(d) + cov @ W, W @ (b - mu))
-no_inverse = torch.linalg.solve(W + cov, b - mu)
-check_close(grad, torch.zeros(d), "the weighted dual's gradient at your lambda*", atol=1e-10,
-            hint="W and Sigma do not commute: multiply the stationarity condition by W on the correct side"
-            if torch.allclose(lam, wrong_side, atol=1e-10) else
-            "the conjugate of the penalty 1/2 x^T W x is 1/2 lambda^T W^-1 lambda, with the inverse of W"
-            if torch.allclose(lam, no_inverse, atol=1e-10) else
-            "write the dual D_W, then set its gradient to zero")
-a = 0.7
-check_close(f(mu, b, a * torch.eye(d)), a / (1 + a) * (b - mu), "lambda* with W = 0.7 I and cov=None", atol=1e-12)
-mus, bs = torch.randn(4, 5, d, generator=g), torch.randn(4, 5, d, generator=g)
-check_close(f(mus, bs, a * torch.eye(d)), a / (1 + a) * (bs - mus), "lambda* for a (4, 5, 2) batch, W = 0.7 I",
+W_diagonal, cov_diagonal = torch.diag(torch.tensor([0.5, 2.0])), torch.diag(torch.tensor([1.5, 0.7]))  # they commute
+right_when_commuting = torch.allclose(f(mu, b, W_diagonal, cov_diagonal), minimizer(mu, b, W_diagonal, cov_diagonal),
+                                      atol=1e-10)
+right_at_identity = torch.allclose(f(mu, b, torch.eye(d), cov), minimizer(mu, b, torch.eye(d), cov), atol=1e-10)
+check_close(primal_gradient(lam.detach(), mu, b, W, cov), torch.zeros(d),
+            "the gradient of the objective of Exercise 1.3 over the tilts, at your lambda*", atol=1e-10,
+            hint="yours is right when W and Sigma commute: they need not, so check the side on which each matrix"
+                 " multiplies" if right_when_commuting else
+                 "yours is right for W = I only: check how W enters the conjugate of the Mahalanobis penalty"
+                 if right_at_identity else
+                 "write the dual D_W, then set its gradient to zero")
+check_close(lam, minimizer(mu, b, W, cov), "lambda* against Newton's method on the objective of Exercise 1.3",
             atol=1e-12)
+a = 0.7
+check_close(f(mu, b, a * torch.eye(d)), minimizer(mu, b, a * torch.eye(d), torch.eye(d)),
+            "lambda* with W = 0.7 I and cov=None", atol=1e-12)
+mus, bs = torch.randn(4, 5, d, generator=g), torch.randn(4, 5, d, generator=g)
+expected = torch.stack([minimizer(m, o, a * torch.eye(d), torch.eye(d))
+                        for m, o in zip(mus.reshape(-1, d), bs.reshape(-1, d))])
+check_close(f(mus, bs, a * torch.eye(d)), expected.reshape(4, 5, d), "lambda* for a (4, 5, 2) batch, W = 0.7 I",
+            atol=1e-12)
+check_close(f(mus[0], bs[0], W, cov), torch.stack([minimizer(m, o, W, cov) for m, o in zip(mus[0], bs[0])]),
+            "lambda* for a (5, 2) batch with W and a full covariance", atol=1e-12)
 ''' + HIDDEN.format(task="gaussian_lambda_star"),
     },
 }
@@ -225,7 +285,7 @@ for n, d in ((8, 64), (10, 3)):
     check_close(p, exact, f"the weights for {n} templates in {d} dimensions, against solve_dual's maximizer", atol=1e-10,
                 hint="yours are the weights of generalized attention, c = 0: take the Newton steps"
                 if torch.allclose(p, generalized, atol=1e-12) else
-                "the gradient of Phi is -G r: check the sign of the step and the factor alpha of eq. (1.30)")
+                "check the sign of the step and the factor alpha of eq. (1.30), and that each step recomputes p and r")
 u_masked = u.clone()
 u_masked[:2] = 0.0  # two masked templates: log 0 = -inf must give them weight 0
 u_masked = u_masked / u_masked.sum()
@@ -287,7 +347,7 @@ stop early once $\\lVert\\nabla D_\\gamma\\rVert_\\infty<10^{-13}$. Return $\\la
     return lam
     ### END SOLUTION''',
         "test_newton_dual": '''# Task 2: your lambda* is a stationary point of the transport dual, also with templates that send nothing (u_j = 0).
-from attnopt.fenchel import solve_ot_dual
+from attnopt.fenchel import solve_ot_dual, true_preference as library_true_preference
 from coursework import check_close, check_shape, own
 
 f = own(newton_ot_dual, globals())
@@ -311,7 +371,7 @@ for which, pref in (("a preference of full support", u), ("three templates that 
         pref = u.clone()
         pref[:3] = 0.0
         pref = pref / pref.sum()
-    b = pref @ torch.softmax(-C / gamma, dim=0).T @ T + 0.5 * torch.randn(d, generator=g)
+    b = library_true_preference(pref, C, gamma) @ T + 0.5 * torch.randn(d, generator=g)  # near the true preference's mean
     lam = f(b, T, pref, C, alpha, gamma)
     check_shape(lam, (d,), "lambda*")
     by_rows = torch.softmax(((T @ lam)[:, None] - C) / gamma, dim=1) @ pref  # each row of the cost normalized instead
@@ -322,7 +382,7 @@ for which, pref in (("a preference of full support", u), ("three templates that 
                      "the Newton steps did not reach the maximizer: check the gradient, the Hessian of eq. (1.54)"
                      " with its factor 1/gamma, and the number of steps")
     check_close(lam, solve_ot_dual(b, T, pref, C, alpha, gamma), f"lambda*, {which}, against solve_ot_dual", atol=1e-9,
-                hint="the Hessian is minus I / alpha minus the u-weighted covariances over gamma, eq. (1.54)")
+                hint="check your Hessian against eq. (1.54), its sign and its factor 1/gamma included")
 ''' + HIDDEN.format(task="newton_dual"),
     },
 }
@@ -435,7 +495,8 @@ hundred must not overflow.""",
     q = torch.softmax((scores.unsqueeze(-1) - cost) / gamma, dim=-2)  # (..., n_q, n_i, n_j)
     return (q * u.unsqueeze(-2)).sum(-1)
     ### END SOLUTION''',
-        "test_attention_weights": '''# Task 3: against the double sum of eq. (1.56) written out; zero costs forget the preference; no overflow.
+        "test_attention_weights": '''# Task 3: your weights are the gradient (1.51) of the transport conjugate (1.50) at the scores alpha <k_i, z>, taken
+# here by autograd; zero costs forget the preference; no overflow.
 from coursework import check, check_close, check_shape, own
 
 f = own(ot_attention_weights, globals())
@@ -450,18 +511,21 @@ u[1] = 0.0
 u = u / u.sum()
 p = f(q, k, u, C, alpha, gamma)
 check_shape(p, (2, n_q, n), "weights for queries (2, 5, 4) and keys (2, 6, 4)")
-expected = torch.zeros(2, n_q, n)
-for b_ in range(2):
-    for a in range(n_q):
-        s = alpha * k[b_] @ q[b_, a]
-        for j in range(n):
-            gibbs = torch.exp((s - C[:, j]) / gamma)
-            expected[b_, a] += u[j] * gibbs / gibbs.sum()
-by_rows = (u * torch.softmax(-C / gamma, dim=-1)).sum(-1)  # what normalizing over j instead of i would give
-check_close(p, expected, "the weights against the double sum of eq. (1.56)", atol=1e-12,
+
+
+def transport_conjugate(s):
+    """The conjugate (1.50) of W_gamma(., u; C) at the scores s[..., i] (without its constant gamma H(u)), summed
+    over the leading dimensions: cost[i, j] = C_ij, the price from key j to key i."""
+    return gamma * (u * torch.logsumexp((s.unsqueeze(-1) - C) / gamma, dim=-2)).sum()
+
+
+scores = (alpha * q @ k.transpose(-1, -2)).requires_grad_(True)
+(expected,) = torch.autograd.grad(transport_conjugate(scores), scores)
+check_close(p, expected, "the weights against the gradient (1.51) of the transport conjugate", atol=1e-12,
             hint="C_ij is the price of moving mass from key j to key i: the normalizer Z_j sums over the"
-                 " receiving keys i" if torch.allclose(f(q, k, u, C.T, alpha, gamma), expected, atol=1e-12)
-                 or torch.allclose(p, by_rows.expand_as(p), atol=1e-12) else
+                 " receiving keys i" if torch.allclose(f(q, k, u, C.T, alpha, gamma), expected, atol=1e-12) else
+                 "your weights do not sum to one: the normalizer Z_j of the mass that key j sends sums over the"
+                 " receiving keys i" if not torch.allclose(p.sum(-1), torch.ones(2, n_q), atol=1e-10) else
                  "each preferred key j spreads its mass u_j with its own normalizer Z_j")
 check(p[..., 1].min() > 0, "the weight of the key with u = 0", "> 0 (mass flows to it)", p[..., 1].min())
 check_close(p.sum(-1), torch.ones(2, n_q), "row sums of the weights")
@@ -499,7 +563,8 @@ of several hundred times $\\gamma$) must not overflow or give `nan`.""",
     gibbs = torch.softmax(-cost / gamma, dim=-2)  # column j: where the mass at t_j goes
     return (gibbs * u.unsqueeze(-2)).sum(-1)
     ### END SOLUTION''',
-        "test_t5_preference": '''# Task 4: against eq. (1.48) written out; a probability vector; the limits gamma -> 0 (Exercise 1.7) and gamma -> infinity.
+        "test_t5_preference": '''# Task 4: your true preference is p(0), the gradient (1.51) of the transport conjugate (1.50) at zero scores, taken
+# here by autograd; a probability vector; the limits gamma -> 0 (Exercise 1.7) and gamma -> infinity.
 from coursework import check, check_close, check_shape, own
 
 f = own(true_preference, globals())
@@ -513,15 +578,21 @@ u[0] = 0.0
 u = u / u.sum()
 found = f(u, C, gamma)
 check_shape(found, (n,), "the true preference")
-expected = torch.zeros(n)
-for j in range(n):
-    gibbs = torch.exp(-C[:, j] / gamma)
-    expected += u[j] * gibbs / gibbs.sum()
-by_rows = (u * torch.softmax(-C / gamma, dim=-1)).sum(-1)  # what normalizing over j instead of i would give
-check_close(found, expected, "the true preference against eq. (1.48)", atol=1e-14,
+
+
+def transport_conjugate(s, gamma):
+    """The conjugate (1.50) of W_gamma(., u; C) at the scores s (without its constant gamma H(u)):
+    cost[i, j] = C_ij, the price from t_j to t_i."""
+    return gamma * (u * torch.logsumexp((s.unsqueeze(-1) - C) / gamma, dim=-2)).sum()
+
+
+zero = torch.zeros(n, requires_grad=True)
+(expected,) = torch.autograd.grad(transport_conjugate(zero, gamma), zero)
+check_close(found, expected, "the true preference against the gradient (1.51) of the conjugate at zero scores", atol=1e-14,
             hint="C_ij is the price from t_j to t_i: the Gibbs distribution of column j normalizes over the"
-                 " receiving templates i" if torch.allclose(f(u, C.T, gamma), expected, atol=1e-12)
-                 or torch.allclose(found, by_rows, atol=1e-12) else
+                 " receiving templates i" if torch.allclose(f(u, C.T, gamma), expected, atol=1e-12) else
+                 "your true preference does not sum to one: the Gibbs distribution of column j normalizes over the"
+                 " receiving templates i" if not torch.allclose(found.sum(), torch.tensor(1.0), atol=1e-10) else
                  "each unit of preference at t_j is spread by its own Gibbs distribution")
 check_close(found.sum(), torch.tensor(1.0), "the sum of the true preference")
 gap = (C - torch.diag(C)[None, :]).masked_fill(torch.eye(n, dtype=torch.bool), float("inf")).min()
@@ -529,6 +600,9 @@ small = f(u, C, 0.01)
 check((small - u).abs().sum() <= 2 * (n - 1) * torch.exp(-gap / 0.01), "the l1 distance to u at gamma = 0.01",
       f"at most 2 (n - 1) exp(-Delta / gamma) = {(2 * (n - 1) * torch.exp(-gap / 0.01)).item():.3g}",
       (small - u).abs().sum(), hint="normalize each Gibbs distribution in log space")
+check_close(small, torch.autograd.grad(transport_conjugate(zero, 0.01), zero)[0],
+            "the true preference at gamma = 0.01 against the gradient of the conjugate", atol=1e-14,
+            hint="normalize each Gibbs distribution in log space")
 check_close(f(u, C + 10.0, 0.01), small, "the true preference at gamma = 0.01 for the costs + 10 (no underflow)",
             atol=1e-14, hint="adding one constant to every cost changes no Gibbs distribution: normalize in log space")
 check_close(f(u, C.clamp(max=5.0), 1e4), torch.full((n,), 1 / n), "the true preference at gamma = 1e4 (nearly uniform)",

@@ -74,7 +74,8 @@ p = torch.tensor([2.0, 1.0, 4.0]) / 7
 reverse = (w * torch.log(w / p)).sum()
 check_close(found, (p * torch.log(p / w)).sum(), "w = (1/2, 1/4, 1/4), G = (1, 1, 4), so p = (2, 1, 4) / 7", atol=1e-15,
             hint="yours is KL(nu || Psi_G(nu)), the divergence the other way round" if abs(found - reverse) < 1e-12 else
-            "on the support of p, log(p_j / w_j) is log G_j minus log nu(G)")
+            "the relative entropy (2.17) of p against w: write the ratio p_j / w_j on the support of p through"
+            " eq. (2.5)")
 huge = f(torch.tensor([0.5, 0.5]), torch.tensor([1000.0, 1001.0]))
 p_huge = torch.tensor([1.0, math.e]) / (1 + math.e)
 check_close(huge, (p_huge * torch.log(2 * p_huge)).sum(), "log G = (1000, 1001) (no overflow)", atol=1e-12,
@@ -95,7 +96,8 @@ found = f(w, log_g)
 check_shape(found, (4,), "the information gain for a (4, 6) batch")
 check_close(found, torch.tensor(scipy.stats.entropy(p.numpy(), w.numpy(), axis=-1)),
             "KL(Psi_G(nu) || nu) against scipy.stats.entropy, a (4, 6) batch", atol=1e-13)
-check_close(f(w, log_g + 3.0), found, "the information gain for log G + 3 (Psi_cG = Psi_G)", atol=1e-13)
+check_close(f(w, log_g + 3.0), found, "the information gain for log G + 3 (a constant added to the log-potential)",
+            atol=1e-13)
 ''' + HIDDEN.format(task="boltzmann_gibbs_weights"),
     },
 }
@@ -153,11 +155,15 @@ for q in queries.numpy():  # Bayes' rule once per query
     posterior = posterior / posterior.sum()
 found = f(prior, keys, queries, sigma)
 check_shape(found, (N,), "the posterior for 6 keys")
-single = torch.softmax(torch.log(prior) - ((keys - queries.mean(0)) ** 2).sum(-1) / (2 * sigma**2), dim=-1)
+single = f(prior, keys, queries.mean(0, keepdim=True), sigma)  # yours for one query at the mean of the T queries
 check_close(found, torch.tensor(posterior), f"the posterior after {T} queries against Bayes' rule one query at a time",
             atol=1e-13, hint="yours treats the mean of the queries as a single observation: each of the T queries"
             " reweights the keys, and the potentials multiply" if torch.allclose(found, single, atol=1e-12) else
             "the queries are independent given the key: the log-likelihoods add up")
+centre = queries.mean(0)
+other = centre + (queries - centre).flip(0).flip(-1)  # other T queries with the same mean
+check_close(f(prior, keys, other, sigma), found, f"the posterior for other {T} queries with the same mean", atol=1e-13,
+            hint="the posterior depends on the queries only through their number and their mean")
 far = f(prior, keys, queries + 60.0, 0.3)
 check(bool(torch.isfinite(far).all()) and abs(float(far.sum()) - 1) < 1e-12, "the posterior for queries far from"
       " every key (sigma = 0.3)", "finite masses summing to 1", far,
@@ -203,13 +209,14 @@ not give a row $0/0$, and a key of weight $0$ must get exactly $0$.""",
         scores = scores + torch.log(key_weights).unsqueeze(-2)
     return torch.softmax(scores, dim=-1)
     ### END SOLUTION''',
-        "test_attention_kernel_matrix": '''# Task 2: a Markov kernel, the Gaussian potential term by term, SDPA with a key bias, far queries.
+        "test_attention_kernel_matrix": '''# Task 2: a Markov kernel, the Gaussian potential from its definition, dot-product scores plus a bias of the key
+# alone, far queries.
 from coursework import check, check_close, check_shape, own
 
 f = own(gaussian_kernel_matrix, globals())
 g = torch.Generator().manual_seed(2)
 B, M, N, d = 3, 5, 8, 4
-q, k, v = torch.randn(B, M, d, generator=g), torch.randn(B, N, d, generator=g), torch.randn(B, N, 2, generator=g)
+q, k = torch.randn(B, M, d, generator=g), torch.randn(B, N, d, generator=g)
 P = f(q, k)
 check_shape(P, (B, M, N), "P for queries (3, 5, 4) and keys (3, 8, 4)")
 check(torch.all(P >= 0), "entries of P", ">= 0", P.min())
@@ -220,23 +227,34 @@ no_bias = torch.softmax(2 * q @ k.transpose(-1, -2), dim=-1)
 check_close(P, G / G.sum(-1, keepdim=True), "P against the Gaussian potential, s = 1", atol=1e-14,
             hint="yours is the dot-product kernel: the potential here is exp(-s |q - k|^2)"
             if torch.allclose(P, dot, atol=1e-12) else
-            "the norm of the query cancels in a row, the norm of the key does not: keys of different norms"
-            " are not equally close" if torch.allclose(P, no_bias, atol=1e-12) else
+            "yours drops a term of the expanded square that the normalization of a row does not remove"
+            if torch.allclose(P, no_bias, atol=1e-12) else
             "expand |q - k|^2 into three terms, and check the factor of the cross term")
-# key weights with a zero, scale 0.7: SDPA with the scale 2s and the key bias as a mask
+# key weights with a zero, scale 0.7: against the definition P_ij proportional to w_j exp(-s |q_i - k_j|^2), and
+# scores 2s <q_i, k_j> plus a bias that depends on the key alone
 w = torch.rand(B, N, generator=g)
 w[:, 3] = 0.0
 w = w / w.sum(-1, keepdim=True)
 s = 0.7
 P_w = f(q, k, w, scale=s)
 check(torch.all(P_w[..., 3] == 0), "P for a key of weight 0", "exactly 0", P_w[..., 3].abs().max())
-bias = (torch.log(w) - s * (k * k).sum(-1)).unsqueeze(-2)
-expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=2 * s)
-check_close(P_w @ v, expected, "P @ values with key weights, s = 0.7, against SDPA with the scale 2s and a key bias")
+unnormalized = w.unsqueeze(-2) * torch.exp(-s * ((q.unsqueeze(-2) - k.unsqueeze(-3)) ** 2).sum(-1))
+check_close(P_w, unnormalized / unnormalized.sum(-1, keepdim=True), "P with key weights, s = 0.7, against the"
+            " Gaussian potential", atol=1e-14, hint="row i is proportional to w_j G(q_i, k_j), eq. (2.7): check where"
+            " the scale s and the key weights enter")
+kept = w[0] > 0
+bias = torch.log(P_w[..., kept]) - 2 * s * q @ k[..., kept, :].transpose(-1, -2)  # (B, M, N - 1)
+bias = bias - bias[..., :1]  # fixes the free constant of each row
+check_close(bias, bias[..., :1, :].expand_as(bias), "log P_ij - 2s <q_i, k_j> for s = 0.7 (the same for every query"
+            " i, up to a constant per row)", atol=1e-11,
+            hint="what is left of the scores after 2s <q_i, k_j> may depend on the key, not on the query")
 far = f(100 * q, k, w, scale=s)
 check(bool(torch.isfinite(far).all()), "P for queries of norm about 100", "finite entries", far.abs().max(),
       hint="every potential underflows to 0 for such queries: normalize the scores of a row before exponentiating")
 check_close(far.sum(-1), torch.ones(B, M), "row sums of P for queries of norm about 100", atol=1e-14)
+log_potential = -s * ((100 * q.unsqueeze(-2) - k.unsqueeze(-3)) ** 2).sum(-1)
+check_close(far, torch.softmax(torch.log(w).unsqueeze(-2) + log_potential, dim=-1), "P for queries of norm about 100"
+            " against the Gaussian potential, normalized in log space", atol=1e-9)
 ''' + HIDDEN.format(task="attention_kernel_matrix"),
     },
 }
@@ -271,13 +289,13 @@ bias of 1000 must not overflow.""",
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
     ### END SOLUTION''',
-        "test_attention_kernel_matrix": '''# Task 2: a Markov kernel with exact zeros above the diagonal; against SDPA with the bias and the mask.
+        "test_attention_kernel_matrix": '''# Task 2: a Markov kernel with exact zeros above the diagonal; against the three reweightings applied in turn.
 from coursework import check, check_close, check_one_hot, check_shape, own
 
 f = own(causal_kernel_matrix, globals())
 g = torch.Generator().manual_seed(2)
 B, N, d, tau = 3, 7, 4, 0.6
-q, k, v = torch.randn(B, N, d, generator=g), torch.randn(B, N, d, generator=g), torch.randn(B, N, 2, generator=g)
+q, k = torch.randn(B, N, d, generator=g), torch.randn(B, N, d, generator=g)
 bias = torch.randn(N, N, generator=g)
 P = f(q, k, bias, tau)
 check_shape(P, (B, N, N), "P for queries and keys (3, 7, 4)")
@@ -286,13 +304,25 @@ check_close(P.sum(-1), torch.ones(B, N), "row sums of P", atol=1e-14)
 check(bool(torch.all(P.triu(1) == 0)), "P above the diagonal (a query never sees a later key)", "exactly 0",
       P.triu(1).abs().max(), hint="row i is query i: it sees the keys j <= i, the lower triangle")
 check_one_hot(P[:, 0, 0], torch.ones(B), "the weight of the first query on the first key, the only one it sees")
-causal = torch.zeros(N, N).masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), float("-inf"))
-expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias + causal, scale=1 / tau)
-also_bias = F.scaled_dot_product_attention(q, k, v, attn_mask=(bias + causal) / tau, scale=1 / tau)
-found = P @ v
-check_close(found, expected, f"P @ values against SDPA with the bias and the causal mask, tau = {tau}",
-            hint="the temperature divides the scores, not the bias" if torch.allclose(found, also_bias, atol=1e-12)
-            else "the potential is the product of the three: the indicator, e^(b_ij) and exp(<q_i, k_j> / tau)")
+
+
+def reweight(masses, potential):  # the Boltzmann-Gibbs transformation (2.4) of each row of masses
+    tilted = masses * potential
+    return tilted / tilted.sum(-1, keepdim=True)
+
+
+def in_turn(bias_potential):  # row i: m(K) reweighted by the mask, then by the bias, then by G_i^(1/tau)
+    masses = reweight(torch.full((B, N, N), 1.0 / N), torch.ones(N, N).tril())
+    masses = reweight(masses, bias_potential)
+    return reweight(masses, torch.exp(q @ k.transpose(-1, -2)) ** (1 / tau))
+
+
+expected = in_turn(torch.exp(bias))
+also_bias = in_turn(torch.exp(bias) ** (1 / tau))
+check_close(P, expected, f"P against the mask, the bias and the temperature applied in turn, tau = {tau}", atol=1e-13,
+            hint="the temperature divides the scores, not the bias" if torch.allclose(P, also_bias, atol=1e-12)
+            else "compose the three reweightings of the task with the composition rule of the Boltzmann-Gibbs"
+            " transformation (2.4): each of the three potentials must be there, the temperature on the scores alone")
 big = bias.clone()
 big[4, 1] = 1000.0
 P_big = f(q, k, big, tau)
@@ -364,8 +394,10 @@ expected = torch.tensor(scipy.stats.wasserstein_distance(x.numpy(), y.numpy(), a
 check_close(torch.as_tensor(w1).reshape(()), expected, "W1 against scipy.stats.wasserstein_distance")
 value = a @ fx - b @ fy
 check_close(value, expected, "mu(f) - nu(f) for your potential (it must attain W1)", atol=1e-12,
-            hint="yours gives minus W1: check the sign of the slope against F_mu - F_nu" if abs(value + expected) < 1e-10
-            else "between consecutive points the slope of f is the sign of F_nu - F_mu")
+            hint="yours gives minus W1: the slope of your f has the wrong sign on every interval"
+            if abs(value + expected) < 1e-10 else "on some interval between consecutive points your slope has the"
+            " wrong sign or is not +-1: integrate by parts, as the task says, and compare mu(f) - nu(f) with W1"
+            " interval by interval")
 points, values = torch.cat([x, y]), torch.cat([fx, fy])
 excess = ((values[:, None] - values[None, :]).abs() - (points[:, None] - points[None, :]).abs()).max()
 check(bool(excess <= 1e-12), "the largest |f(s) - f(t)| - |s - t| over all pairs of points", "<= 0", excess,
@@ -516,10 +548,12 @@ for lam_true in (torch.tensor([0.8, -0.5]), torch.tensor([6.0, -4.0])):
     check_shape(lam, (l,), "the multiplier for 2 statistics")
     check_close(p @ s, target, f"the means of the two statistics under p (the target of lam = {lam_true.tolist()})",
                 atol=1e-10, hint="a full Newton step can overshoot: halve it until the dual decreases"
-                if not bool(torch.isfinite(p).all()) else "the gradient of the dual is the moment error E_p[s] - f")
+                if not bool(torch.isfinite(p).all()) else "Newton's method stops where the gradient of D vanishes:"
+                " differentiate D as the task defines it, and check the sign of the step")
     check_close(lam, lam_true, f"the multiplier (the tilt was made with lam = {lam_true.tolist()})", atol=1e-7,
                 hint="yours is minus the multiplier: the tilt is w exp(+<lam, s_j>)" if torch.allclose(lam, -lam_true, atol=1e-6)
-                else "the multiplier is unique: the Hessian of the dual, the covariance of s under p, is invertible here")
+                else "D is strictly convex here, so its minimizer is unique: check the Hessian you derived, and iterate"
+                " until the gradient of D is far below the tolerance")
     check_close(p.sum(), torch.tensor(1.0), "the total mass of p")
 log_ratio = torch.log(p / w) - s @ lam  # constant for a tilt
 check_close(log_ratio, log_ratio.mean().expand(n), "log(p / w) - <lam, s_j> (a tilt makes it constant)", atol=1e-8)
@@ -602,7 +636,8 @@ check(float(lam) > 0, "the multiplier", "> 0", lam, hint="a negative multiplier 
       if float(lam) < 0 else "is the relative entropy along your tilts a number? 0 log 0 = 0 at an atom of mass 0")
 check_close(kl(p), torch.tensor(budget), f"KL(p || w) for the budget {budget}", atol=1e-10,
             hint="the whole budget is spent: a tilt with a smaller KL has room for a larger mean"
-            if float(kl(p)) < budget else "the relative entropy along the tilts is lam A'(lam) - A(lam)")
+            if float(kl(p)) < budget else "the relative entropy of your tilt overshoots the budget: compare your"
+            " expression for it along the tilts with the definition (2.17), and bisect until it matches to 1e-10")
 check(bool(p[5] == 0), "the mass of p at an atom of mass 0", "exactly 0", p[5])
 log_ratio = torch.log(p[kept] / w[kept]) - float(lam) * s[kept]  # constant for a tilt
 check_close(log_ratio, log_ratio.mean().expand(int(kept.sum())), "log(p / w) - lam s (a tilt makes it constant)", atol=1e-9)
@@ -695,8 +730,10 @@ test compares your functions with the KL divergence and the multiplier of `attno
     cov = centred.T @ (p.unsqueeze(-1) * centred)
     return target, lam @ target - A, lam.clone(), torch.linalg.inv(cov)
     ### END SOLUTION''',
-        "test_tilt_cost": '''# Task 7: K, its gradient and its Hessian against the KL divergence and the multiplier of
-# maximum_entropy_tilt, by central differences in each direction.
+        "test_tilt_cost": '''# Task 7: K against the KL divergence of maximum_entropy_tilt, its gradient against central differences of
+# that KL, and the gradient and the Hessian against autograd along the path of tilts.
+from torch.autograd.functional import jacobian
+
 from attnopt.kernels import EmpiricalMeasure, maximum_entropy_tilt
 from coursework import check, check_close, check_shape, own
 
@@ -708,36 +745,48 @@ atoms = torch.randn(n, 2, generator=g)
 w = torch.rand(n, generator=g) + 0.1
 w[3] = 0.0  # an atom of mass 0
 w = w / w.sum()
+kept = w > 0
 
 
-def tilt_at(target):  # (KL(p_f || w), the multiplier) from the library's solver
-    p, multiplier = maximum_entropy_tilt(EmpiricalMeasure(atoms, w), s, target)
-    p = p.weights
-    kept = p > 0
-    return (p[kept] * torch.log(p[kept] / w[kept])).sum(), multiplier
+def tilt_at(target):  # KL(p_f || w) of the minimizer, from the library's solver
+    p = maximum_entropy_tilt(EmpiricalMeasure(atoms, w), s, target)[0].weights
+    return (p[kept] * torch.log(p[kept] / w[kept])).sum()
+
+
+def path(lam):  # (KL(p || w), the means of s under p) for the tilt p with multiplier lam, from the definitions
+    p = torch.softmax(torch.log(w) + s @ lam, dim=-1)
+    return (p[kept] * torch.log(p[kept] / w[kept])).sum(), p @ s
+
+
+def gradient_of_K(lam):  # K(means(lam)) = KL(lam): the chain rule, solved for the gradient of K at means(lam)
+    d_kl = jacobian(lambda x: path(x)[0], lam, create_graph=True)
+    d_means = jacobian(lambda x: path(x)[1], lam, create_graph=True)  # [a, b]: d mean_a / d lam_b
+    return torch.linalg.solve(d_means.T, d_kl)
 
 
 for lam in (torch.tensor([-0.8, 0.3]), torch.tensor([0.6, 1.1])):
     target, K, grad, hess = f(w, s, lam)
     check_shape(target, (l,), "the target f")
     check_shape(hess, (l, l), "the Hessian of K")
-    kl, _ = tilt_at(target)
-    check_close(torch.as_tensor(K).reshape(()), kl, f"K(f) for lam = {lam.tolist()}, the KL of the tilt", atol=1e-9,
-                hint="at an atom of mass 0 the tilt has mass 0 too, and 0 log 0 = 0")
+    check_close(target, path(lam)[1], f"the target f for lam = {lam.tolist()}, the means of s under the tilt",
+                atol=1e-12)
+    check_close(torch.as_tensor(K).reshape(()), tilt_at(target), f"K(f) for lam = {lam.tolist()}, the KL of the tilt",
+                atol=1e-9, hint="at an atom of mass 0 the tilt has mass 0 too, and 0 log 0 = 0")
     e = torch.eye(l)
-    up = [tilt_at(target + step * e[i]) for i in range(l)]
-    down = [tilt_at(target - step * e[i]) for i in range(l)]
-    finite_grad = torch.stack([(u[0] - d[0]) / (2 * step) for u, d in zip(up, down)])
-    # column i of the Hessian is the rate of the multiplier in f_i (a second difference of K would
-    # divide the solver's rounding by step^2)
-    finite_hess = torch.stack([(u[1] - d[1]) / (2 * step) for u, d in zip(up, down)], dim=-1)
+    finite_grad = torch.stack([(tilt_at(target + step * e[i]) - tilt_at(target - step * e[i])) / (2 * step)
+                               for i in range(l)])
     check_close(torch.as_tensor(grad).reshape(l), finite_grad, f"the gradient of K for lam = {lam.tolist()}, against"
                 " central differences", atol=1e-6)
-    p = torch.softmax(torch.log(w) + s @ lam, dim=-1)
-    cov = (s - target).T @ (p.unsqueeze(-1) * (s - target))
-    check_close(hess, finite_hess, f"the Hessian of K for lam = {lam.tolist()}, against central differences",
-                atol=1e-5, rtol=1e-5, hint="yours is the covariance of s under the tilt, not what the moment condition"
-                " gives for the rate of the multiplier" if torch.allclose(hess, cov, atol=1e-10) else
+    auto_grad = gradient_of_K(lam)
+    check_close(torch.as_tensor(grad).reshape(l), auto_grad.detach(), f"the gradient of K for lam = {lam.tolist()},"
+                " against autograd along the tilts", atol=1e-10)
+    # the Hessian: d(gradient of K)/d lam = Hessian @ d means / d lam
+    d_means = jacobian(lambda x: path(x)[1], lam)
+    auto_hess = torch.linalg.solve(d_means.T, jacobian(gradient_of_K, lam).T).T
+    check_close(hess, auto_hess, f"the Hessian of K for lam = {lam.tolist()}, against autograd along the tilts",
+                atol=1e-9, rtol=1e-9, hint="yours is the inverse of the Hessian of K: check which way round the"
+                " derivative of the moment condition relates the target and the multiplier"
+                if torch.allclose(torch.as_tensor(hess) @ auto_hess, e, atol=1e-8) else
                 "the multiplier moves with the target: differentiate the moment condition, a matrix equation")
 # statistics shifted by one vector c with <lam, c> = 740: exp(740) overflows, and nothing but f may change
 lam = torch.tensor([0.6, 1.1])
@@ -856,7 +905,8 @@ for lam in (0.4, 1.5):
     check_close((p_lib[kept] * torch.log(p_lib[kept] / w[kept])).sum(), budget,
                 f"the KL of maximum_entropy_tilt's tilt with the mean V, for lam = {lam}", atol=1e-9)
     check_close(dV, slope.detach(), f"V'(kappa) for lam = {lam}, against autograd along the tilts", atol=1e-10,
-                hint="yours is lam, the slope of K: V is the inverse of K" if abs(float(dV) - lam) < 1e-9 else
+                hint="yours is lam, the reciprocal of the slope asked: V' is the rate of the mean in the budget, not"
+                " the other way round" if abs(float(dV) - lam) < 1e-9 else
                 "differentiate the budget and the mean in lam, and divide")
     check_close(d2V, (dslope / dk).detach(), f"V''(kappa) for lam = {lam}, against autograd along the tilts", atol=1e-9,
                 hint="V is concave: its second derivative is negative" if float(d2V) > 0 else

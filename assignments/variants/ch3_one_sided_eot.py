@@ -77,12 +77,16 @@ ratio = (f(p, u, 1.0) * expected).sum() / (expected * expected).sum()
 check_close(found, expected, f"d loss / d scores with alpha = {label}, tau = {{tau}}",
             hint=f"your answer for tau = 1 is {{ratio.item():.3g}} times this one: did you forget the factor 1/tau?"
             if abs(ratio.item() - tau) < 1e-6 else
-            "yours is the backward pass of sparsemax (alpha = 2): for alpha < 2 the keys of the support do not"
-            " count equally, neither in the gradient nor in the baseline" if torch.allclose(found, sparsemax_form, atol=1e-12) else
+            "yours is the backward pass of sparsemax (alpha = 2): differentiate the optimality condition of eq. (3.18)"
+            " for alpha = {label}, where the power alpha - 1 of p_j is not 1" if torch.allclose(found, sparsemax_form, atol=1e-12) else
             "yours is minus autograd's: raising s_j raises p_j on the support" if torch.allclose(found, -expected, atol=1e-12)
-            else "differentiate p_j^(alpha - 1) on the support, eq. (3.18); the baseline is a weighted mean of u over the support")
+            else "differentiate the optimality condition of eq. (3.18) on the support; the weights summing to one fix"
+            " how the threshold moves")
 # a shift of the upstream signal does not change the gradient, as for softmax
 check_close(f(p, u + 5.0, tau), found, "the gradient for u + 5")
+# nor does a shift of the scores change the weights: no gradient along (1, ..., 1)
+check_close(found.sum(-1), torch.zeros(4, 6), "the sum of the gradient over the keys", atol=1e-13,
+            hint="adding one constant to every score changes no weight of entmax")
 ''' + HIDDEN.format(task="sparsemax_backward"),
         },
     }
@@ -131,11 +135,11 @@ advantage = p * (u - (p * u).sum(-1, keepdim=True)) / tau
 check_close(ours, autograd, f"d loss / d scores with tau = {tau}, against autograd through log_softmax", atol=1e-14,
             hint="yours is tau times autograd's: the chain rule through s / tau brings a factor 1/tau"
             if torch.allclose(ours, tau * autograd, atol=1e-12) else
-            "yours is the backward pass of softmax, eq. (3.28): here the loss sees log p, whose derivative in p_j"
-            " is 1/p_j" if torch.allclose(ours, advantage, atol=1e-12) else
+            "yours is the backward pass of softmax, eq. (3.28), with u taken as d loss / d p: here u is the signal"
+            " on log p" if torch.allclose(ours, advantage, atol=1e-12) else
             "yours is minus autograd's" if torch.allclose(ours, -autograd, atol=1e-12) else
-            "differentiate log p_k = s_k / tau - log sum_j exp(s_j / tau) in s_j")
-# adding one constant to every score changes no log-probability
+            "differentiate log p_k in every score s_j: the normalizer of softmax depends on all of them")
+# the entries of the gradient sum to zero in every row (the task asks you to say why)
 check_close(ours.sum(-1), torch.zeros(5), "the sum of the gradient over the keys", atol=1e-13)
 ''' + HIDDEN.format(task="softmax_backward"),
     },
@@ -183,12 +187,14 @@ check_shape(ours, (5, 7), "d loss / d scores")
 check_close(ours, autograd, f"d loss / d scores with tau = {tau}, against autograd", atol=1e-14,
             hint="yours is tau times autograd's: the chain rule through s / tau brings a factor 1/tau"
             if torch.allclose(ours, tau * autograd, atol=1e-12) else
-            "yours is minus autograd's: a key whose value points along dL/do gains weight when its score rises"
+            "yours is minus autograd's: check the sign of each factor of the chain rule"
             if torch.allclose(ours, -autograd, atol=1e-12) else
             "first find d o / d p_j, then use the advantage form of Theorem 3.6 with that reward")
-# one vector added to every value moves o by that vector whatever p is: no gradient reaches the scores
+# one vector added to every value changes nothing (the task asks you to say why)
 shift = torch.randn(5, 1, 3, generator=g)
 check_close(f(p, values + shift, grad_output, tau), ours, "the gradient with every value shifted by one vector", atol=1e-13)
+# adding one constant to every score changes no weight, hence no output
+check_close(ours.sum(-1), torch.zeros(5), "the sum of the gradient over the keys", atol=1e-13)
 ''' + HIDDEN.format(task="softmax_backward"),
     },
 }
@@ -238,10 +244,11 @@ def value(c):  # the objective at its minimizer: an identity in C, so autograd d
 
 H_autograd = torch.autograd.functional.hessian(value, C)
 check_close(H, H_autograd, f"the Hessian with eps = {eps}, against autograd", atol=1e-13,
-            hint="yours is minus autograd's: the value is a minimum of functions linear in C, so it is concave"
+            hint="yours is minus autograd's: check the sign at each step, from the value to its gradient to the Hessian"
             if torch.allclose(H, -H_autograd, atol=1e-12) else
             "check the factor 1/eps" if torch.allclose(H, eps * H_autograd, atol=1e-12) else
-            "the gradient of the value is the optimal plan of Theorem 3.1; differentiate it once more")
+            "start from the gradient of the value by the envelope theorem, with the minimizer of Theorem 3.1, and"
+            " differentiate it once more")
 check_close(H @ torch.ones(6), torch.zeros(6), "H 1", atol=1e-14)
 check(torch.linalg.eigvalsh(H).max() < 1e-14, "the largest eigenvalue of H", "<= 0", torch.linalg.eigvalsh(H).max())
 check_shape(f(torch.randn(3, 4, 6, generator=g), eps), (3, 4, 6, 6), "the Hessian for (3, 4, 6) costs")
@@ -335,7 +342,9 @@ with respect to the costs is the optimal plan, zero at a forbidden key, and the 
     return -eps * torch.logsumexp(-cost / eps + torch.log(prior), dim=-1)
     ### END SOLUTION''',
         "test_eot_value": '''# Task 4: the value at the optimum, below every other point of the simplex; its gradient is the plan,
-# also with a forbidden key (cost +inf, or prior weight 0).
+# also with a forbidden key (cost +inf, or prior weight 0). The optimum comes from attnopt's generic solver,
+# which bisects on the optimality conditions (it never calls a closed form).
+from attnopt.transforms import one_sided_eot
 from coursework import check, check_close, check_shape, own
 
 f = own(eot_value_prior, globals())
@@ -344,8 +353,7 @@ eps = 0.8
 C = torch.randn(5, generator=g)
 prior = torch.rand(5, generator=g) + 0.1
 prior = prior / prior.sum()
-p_star = prior * torch.exp(-C / eps)
-p_star = p_star / p_star.sum()
+p_star = one_sided_eot(C, eps, "kl", prior=prior)
 kl = lambda p: (p * torch.log(p / prior)).sum(-1)
 value = f(C, eps, prior)
 check_shape(value, (), "the value for 5 costs")
@@ -364,8 +372,7 @@ for what, cost, weights in (("a cost +inf", torch.tensor([0.3, float("inf"), -0.
           " an expression in which a forbidden key contributes nothing")
     leaf = cost.clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(f(leaf, eps, weights), leaf)
-    plan = weights * torch.exp(-(cost - cost[torch.isfinite(cost)].min()) / eps)
-    check_close(grad, plan / plan.sum(), f"the gradient with a forbidden key ({what})", atol=1e-14)
+    check_close(grad, one_sided_eot(cost, eps, "kl", prior=weights), f"the gradient with a forbidden key ({what})", atol=1e-14)
 ''' + HIDDEN.format(task="eot_value"),
     },
 }
@@ -625,14 +632,14 @@ for alpha in (1.5, 2.0):
     check_shape(d_entropy, (4,), f"dH/dalpha for alpha = {alpha}")
     check(bool(torch.all(dp[p == 0] == 0)), f"dp/dalpha at the keys of weight 0 (one of them masked), alpha = {alpha}",
           "exactly 0", dp[p == 0], hint="a key outside the support keeps weight 0 while the support does not change;"
-          " in torch 0 * log 0 and 0 * inf are nan, and at alpha = 2 a power p^(2 - alpha) is 1 at p = 0")
+          " in torch 0 * log 0 and 0 * inf are nan and 0 ** 0 is 1: keep the keys of weight 0 out with a mask")
     check(bool(torch.isfinite(d_mean).all() and torch.isfinite(d_entropy).all()), f"d<s, p>/dalpha and dH/dalpha, alpha = {alpha}",
           "finite numbers", (d_mean, d_entropy), hint="a masked key has the score -inf: keep it out of every sum")
     check_close(dp.sum(-1), torch.zeros(4), f"the row sums of dp/dalpha, alpha = {alpha}", atol=1e-12,
                 hint="the weights sum to one for every alpha, so their derivatives sum to zero: this fixes how the threshold moves")
     check_close(dp, (up - down) / (2 * step), f"dp/dalpha for alpha = {alpha}, against central differences", atol=1e-7,
-                hint="differentiate the optimality condition (3.18) on the support in alpha: the exponent moves too"
-                " (p_j^(alpha - 1) = exp((alpha - 1) log p_j)), and so does the threshold")
+                hint="differentiate the optimality condition (3.18) on the support in alpha: the exponent alpha - 1"
+                " moves too, and so does the threshold")
     check_close(d_mean, ((up - down) * finite_scores).sum(-1) / (2 * step),
                 f"d<s, p>/dalpha for alpha = {alpha}, against central differences", atol=1e-7)
     through_weights = (tsallis(up, alpha) - tsallis(down, alpha)) / (2 * step)
@@ -756,14 +763,14 @@ for alpha in (1.5, 2.0):
                 if torch.allclose(d_threshold * (alpha - 1), expected, atol=1e-7) and alpha != 2 else
                 "yours is minus the rate: at a higher temperature the scores s / tau shrink, and the threshold follows them"
                 if torch.allclose(d_threshold, -expected, atol=1e-7) else
-                "differentiate the optimality condition (3.18) on the support, and only there (in torch 0 ** 0 is 1, so at"
-                " alpha = 2 a power p^(2 - alpha) is 1 at p = 0); the weights sum to one for every tau")
+                "differentiate the optimality condition (3.18) on the support, and only there (in torch 0 ** 0 is 1: keep"
+                " the keys of weight 0 out with a mask); the weights sum to one for every tau")
     check_close(d_output, (output(tau + step) - output(tau - step)) / (2 * step),
                 f"d output/dtau for alpha = {alpha}, against central differences", atol=1e-7,
                 hint="first dp/dtau on the support, where the threshold moves with tau too; the output then follows by linearity")
     shift = torch.randn(4, 1, 3, generator=g)
     check_close(f(p, s, values + shift, tau, alpha)[1], d_output, f"d output/dtau with every value shifted by one vector, alpha = {alpha}",
-                atol=1e-12, hint="the weights sum to one for every tau: their derivatives sum to zero")
+                atol=1e-12, hint="the rate of the output must not change when every value moves by one vector, Task 6 (b)")
 ''' + HIDDEN.format(task="entmax_temperature_derivatives"),
     },
 }

@@ -84,11 +84,11 @@ for j in range(3):
 check_close(J_t, torch.tensor(cov_t), "cov_p(psi_j, t) against scipy.integrate.quad", atol=1e-10,
             hint="yours is E_p[t psi_j]: a covariance also subtracts E_p[t] E_p[psi_j]"
             if torch.allclose(J_t, torch.tensor(plain_t), atol=1e-8) else
-            "E_p[t psi_j] is r_j times the mean of the Gaussian of Lemma 4.1, eq. (4.20)")
+            "E_p[t psi_j] is a first moment of the scaled Gaussian of Lemma 4.1, eqs. (4.19)-(4.20): check its scale and its mean")
 check_close(J_tt, torch.tensor(cov_tt), "cov_p(psi_j, t^2) against scipy.integrate.quad", atol=1e-10,
             hint="yours is E_p[t^2 psi_j]: a covariance also subtracts E_p[t^2] E_p[psi_j]"
             if torch.allclose(J_tt, torch.tensor(plain_tt), atol=1e-8) else
-            "the second moment of N(m, v) is v + m^2, for the product Gaussian and for p alike")
+            "a second moment is not a variance: check both second moments, of the product Gaussian and of p")
 
 
 def r_of_theta(theta1, theta2):  # r as a function of the canonical parameters, eq. (4.21)
@@ -151,6 +151,10 @@ grad_r = torch.randn(4, 5, 3, generator=g)
 var = sigma2[..., None] + widths**2
 r = torch.exp(-0.5 * (mu[..., None] - centers) ** 2 / var) / torch.sqrt(2 * math.pi * var)
 d_mu, d_sigma2 = torch.autograd.grad((r * grad_r).sum(), (mu, sigma2))
+# autograd again with the normalizer of eq. (4.21) held fixed, to recognize a frequent slip
+var = sigma2[..., None] + widths**2
+frozen = torch.exp(-0.5 * (mu[..., None] - centers) ** 2 / var) / torch.sqrt(2 * math.pi * var.detach())
+exponent_only = torch.autograd.grad((frozen * grad_r).sum(), sigma2)[0]
 mu, sigma2 = mu.detach(), sigma2.detach()
 found_mu, found_sigma2 = f(mu, sigma2, centers, widths, grad_r)
 check_shape(found_mu, (4, 5), "dL/dmu for a (4, 5) batch")
@@ -158,7 +162,6 @@ check_shape(found_sigma2, (4, 5), "dL/dsigma2 for a (4, 5) batch")
 check_close(found_mu, d_mu, "dL/dmu against autograd", atol=1e-12,
             hint="yours is minus autograd's: r_j grows as the mean moves towards c_j"
             if torch.allclose(found_mu, -d_mu, atol=1e-10) else "differentiate the exponent of eq. (4.21) in mu")
-exponent_only = (grad_r * r.detach() * (mu[..., None] - centers) ** 2 / (2 * var.detach() ** 2)).sum(-1)
 check_close(found_sigma2, d_sigma2, "dL/dsigma2 against autograd", atol=1e-12,
             hint="sigma^2 appears twice in eq. (4.21), in the exponent and in the normalizer 1 / sqrt(2 pi (sigma^2 + sigma_j^2))"
             if torch.allclose(found_sigma2, exponent_only, atol=1e-10) else
@@ -259,18 +262,38 @@ def tp_scale_from_support_covariance(cov):
     log_factor = -(D + 2) / 2 * log_c + 0.5 * torch.linalg.slogdet(cov).logabsdet
     return torch.exp(log_factor)[..., None, None] * cov
     ### END SOLUTION''',
-        "test_truncated_parabola": '''# Task 2: the density integrates to one, and the uniform density on its support has the stated covariance
-# (radial quadrature, D = 1, 2, 3); the inverse map.
-''' + _TP_TEST_HEAD.format(unpack="f_cov, f_inv", functions="tp_support_covariance, tp_scale_from_support_covariance") + '''    ball = scipy.integrate.quad(lambda r: r ** (D - 1), 0, R)[0]
-    second = scipy.integrate.quad(lambda r: r ** (D + 1), 0, R)[0] / D / ball  # the uniform density on the ball of radius R
-    density_cov = jac * sphere / D * scipy.integrate.quad(radial, 0, R, args=(2,), epsabs=1e-14)[0] * Sigma
-    check_close(f_cov(Sigma), second * Sigma, f"the covariance of the uniform density on the support for D = {D}",
+        "test_truncated_parabola": '''# Task 2: the density integrates to one (radial quadrature), and the uniform density on its support has
+# the covariance that a cubature over the ellipsoid finds (D = 1, 2, 3); the inverse map.
+''' + _TP_TEST_HEAD.format(unpack="f_cov, f_inv", functions="tp_support_covariance, tp_scale_from_support_covariance") + '''    # a cubature over the support E = {t : p(t) > 0} itself (mu = 0), in spherical coordinates t = r u: directions u
+    # on the unit sphere (D = 1: +-1; D = 2: the trapezoidal rule in the angle; D = 3: Gauss-Legendre in u_3 times the
+    # trapezoidal rule in the azimuth), and Gauss-Legendre in r up to where the bracket of p vanishes
+    phi = 2 * np.pi * np.arange(400) / 400
+    if D == 1:
+        u, w_u = np.array([[1.0], [-1.0]]), np.ones(2)
+    elif D == 2:
+        u, w_u = np.stack([np.cos(phi), np.sin(phi)], 1), np.full(400, 2 * np.pi / 400)
+    else:
+        z, w_z = np.polynomial.legendre.leggauss(200)
+        ring = np.sqrt(1 - z**2)[:, None]
+        u = np.stack([ring * np.cos(phi), ring * np.sin(phi), np.broadcast_to(z[:, None], (200, 400))], -1).reshape(-1, 3)
+        w_u = (w_z[:, None] * np.full(400, 2 * np.pi / 400)).reshape(-1)
+    Sigma_inv = np.linalg.inv(Sigma.numpy())
+    edge = np.sqrt(-2 * lam.item() / ((u @ Sigma_inv) * u).sum(1))  # the radius at which p vanishes, per direction
+    x, w_x = np.polynomial.legendre.leggauss(8)
+    r = edge[:, None] * (x + 1) / 2
+    w = w_u[:, None] * edge[:, None] / 2 * w_x * r ** (D - 1)  # dt = r^(D-1) dr du
+    t = r[..., None] * u[:, None, :]
+    p_t = -lam.item() - 0.5 * ((t @ Sigma_inv) * t).sum(-1)
+    uniform_cov = torch.tensor(np.einsum("kn,kna,knb->ab", w, t, t) / w.sum())
+    density_cov = torch.tensor(np.einsum("kn,kna,knb->ab", w * p_t, t, t))
+    check_close(f_cov(Sigma), uniform_cov, f"the covariance of the uniform density on the support for D = {D}, against a cubature",
                 hint="yours is the covariance of the density p itself, eq. (4.27): here every point of the support"
                      " counts equally" if torch.allclose(f_cov(Sigma), density_cov, atol=1e-10) else
-                     "substitute t = mu + Sigma^(1/2) x and use the second formula of Lemma 4.2 with g the indicator of [0, R]")
+                     "after the change of variables of the proof of Lemma 4.3, the second formula of Lemma 4.2, eq. (4.24),"
+                     " applies; the uniform density is normalized by the volume of the support")
 covs = torch.stack([torch.tensor([[0.02, 0.01], [0.01, 0.05]]), torch.tensor([[1.0, -0.3], [-0.3, 0.5]])])
 check_close(f_cov(f_inv(covs)), covs, "tp_support_covariance(tp_scale_from_support_covariance(cov)) for two 2 x 2 covariances",
-            hint="the support covariance is a power of |Sigma| times Sigma: take determinants first, as in Corollary 4.1")
+            hint="the threshold depends on Sigma too: take determinants of both sides first, as in the proof of Corollary 4.1")
 variances = torch.tensor([1e-3, 0.05, 1.0])[:, None, None]
 check_close(f_cov(f_inv(variances)), variances, "tp_support_covariance(tp_scale_from_support_covariance(var)) for three 1 x 1 variances")
 ''' + HIDDEN.format(task="tp_threshold"),
@@ -329,7 +352,8 @@ def tp_scale_from_support(M):
     boundary = u @ torch.linalg.cholesky(M).T  # points t - mu with (t - mu)^T M^-1 (t - mu) = 1
     p_boundary = -lam - 0.5 * ((boundary @ torch.linalg.inv(Sigma)) * boundary).sum(-1)
     check_close(p_boundary, torch.zeros(5), f"-lambda - (t - mu)^T Sigma^-1 (t - mu) / 2 on the boundary of M's ellipsoid, D = {D}",
-                atol=1e-12, hint="the support is where the bracket is positive: its boundary is at (t - mu)^T Sigma^-1 (t - mu) = -2 lambda")
+                atol=1e-12, hint="the support is where the bracket of p is positive, so the bracket vanishes on its boundary:"
+                " compare the bracket with the ellipsoid yours describes")
 ellipses = torch.stack([torch.tensor([[0.02, 0.01], [0.01, 0.05]]), torch.tensor([[1.0, -0.3], [-0.3, 0.5]])])
 check_close(f_supp(f_inv(ellipses)), ellipses, "tp_support_matrix(tp_scale_from_support(M)) for two 2 x 2 matrices",
             hint="lambda depends on Sigma too: with Sigma = M / R^2, eq. (4.25) gives an equation for R^2 alone")
@@ -408,16 +432,17 @@ for j in range(4):
     c, s = centers[j].item(), widths[j].item()
     psi = lambda t: normal_pdf(t, c, s**2)
     mass = over_E(psi)
-    cov_t.append(over_E(lambda t: t * psi(t)) - mass * mu)
+    cov_t.append(over_E(lambda t: t * psi(t)) - mass * over_E(lambda t: t) / (2 * half_width))
     cov_tt.append(over_E(lambda t: t**2 * psi(t)) - mass * over_E(lambda t: t**2) / (2 * half_width))
     p = lambda t: -lam - (t - mu) ** 2 / (2 * s2)
     under_p.append(over_E(lambda t: p(t) * (t - mu) * psi(t)))
 check_close(J_t, torch.tensor(cov_t), "cov_0(psi_j, t) against scipy.integrate.quad over the support", atol=1e-10,
             hint="for alpha = 2 the escort of order 0 is uniform on the support: p itself does not weight the integrals"
             if torch.allclose(J_t, torch.tensor(under_p), atol=1e-8) else
-            "the uniform density on [mu - a, mu + a] has mean mu")
+            "check the second term of the 0-covariance: the integral of t over the support, divided by its length |E|")
 check_close(J_tt, torch.tensor(cov_tt), "cov_0(psi_j, t^2) against scipy.integrate.quad over the support", atol=1e-10,
-            hint="the uniform density on [mu - a, mu + a] has second moment mu^2 + a^2 / 3, and |E| = 2a")
+            hint="check the second term of the 0-covariance: the integral of t^2 over the support [mu - a, mu + a],"
+                 " divided by its length |E|")
 
 
 def r_of_theta(theta1, theta2):  # continuous sparsemax by quadrature, as a function of the canonical parameters
@@ -432,9 +457,13 @@ fd_t = (r_of_theta(theta1 + step, theta2) - r_of_theta(theta1 - step, theta2)) /
 fd_tt = (r_of_theta(theta1, theta2 + step) - r_of_theta(theta1, theta2 - step)) / (2 * step)
 check_close(J_t, torch.tensor(fd_t), "cov_0(psi_j, t) against central differences of r in theta_1", atol=1e-6)
 check_close(J_tt, torch.tensor(fd_tt), "cov_0(psi_j, t^2) against central differences of r in theta_2", atol=1e-6)
-# a narrow basis function (width 0.01) well inside the support integrates to one over it; one far outside sees nothing
+# a narrow basis function (width 0.01) well inside the support, by quadrature over it; one far outside sees nothing
 narrow = f(mu, s2, torch.tensor([0.35, mu + 2 * half_width]), torch.tensor([0.01, 0.01]))
-check_close(torch.stack(narrow), torch.tensor([[0.05, 0.0], [0.35**2 + 0.01**2 - mu**2 - half_width**2 / 3, 0.0]]),
+peak = lambda g: scipy.integrate.quad(lambda t: g(t) * normal_pdf(t, 0.35, 0.01**2), mu - half_width, mu + half_width,
+                                      points=[0.35], epsabs=1e-14, epsrel=1e-12, limit=200)[0]
+narrow_t = peak(lambda t: t) - peak(lambda t: 1.0) * over_E(lambda t: t) / (2 * half_width)
+narrow_tt = peak(lambda t: t**2) - peak(lambda t: 1.0) * over_E(lambda t: t**2) / (2 * half_width)
+check_close(torch.stack(narrow), torch.tensor([[narrow_t, 0.0], [narrow_tt, 0.0]]),
             "(cov_0(psi, t), cov_0(psi, t^2)) for basis functions of width 0.01 at 0.35 (inside) and mu + 2a (outside)",
             atol=1e-10, hint="with Gauss-Legendre, use 200 nodes on the support")
 ''' + HIDDEN.format(task="continuous_sparsemax_1d"),
@@ -505,8 +534,8 @@ sparsemax = [scipy.integrate.quad(lambda t: (-lam - (t - mu) ** 2 / (2 * s2)) * 
 check_close(r, torch.tensor(quad), "r against scipy.integrate.quad over the support", atol=1e-10,
             hint="yours is continuous sparsemax (alpha = 2): for alpha = 3/2 the density is the square of a parabola"
             if torch.allclose(r, torch.tensor(sparsemax), atol=1e-8) else
-            "the threshold makes p integrate to one: with t = mu + a u the mass is a number times the integral of"
-            " (1 - u^2)^2 over [-1, 1]")
+            "the threshold makes p integrate to one: compare yours with the one this test finds by root-finding"
+            " (substitute t = mu + a u, as in the proof of Lemma 4.3, and mind the square of the bracket)")
 # a narrow basis function (width 0.01) inside the support, and one far outside it, which sees nothing
 half = math.sqrt(2 * b * s2)
 narrow = f(mu, s2, torch.tensor([0.35, mu + 2 * half]), torch.tensor([0.01, 0.01]))
@@ -554,14 +583,14 @@ means_leaf, {arg}_leaf = new_means.clone().requires_grad_(True), new_{arg}.clone
 log_normal = torch.distributions.MultivariateNormal(means_leaf, {cov_leaf}).log_prob(points[:, None, :])  # (L, K)
 grad_means, grad_{arg} = torch.autograd.grad((weights[:, None] * resp * log_normal).sum(), (means_leaf, {arg}_leaf))
 check_close(grad_means, torch.zeros(K, 2), "the gradient of Q in the means at your M-step", atol=1e-10,
-            hint="each mean is the average of the points with the weights w_l gamma_lk, eq. (4.55)")
+            hint="set the gradient of Q of Proposition 4.7 in each mean to zero, and compare with eq. (4.55)")
 check_close(grad_{arg}, torch.zeros_like(grad_{arg}), "the gradient of Q in {what_q} at your M-step", atol=1e-9,
             hint={hint})
 counts = torch.randint(1, 4, (L,), generator=g)
 step_weighted = f(points, counts.double(), *{start})
 step_repeated = f(points.repeat_interleave(counts, dim=0), torch.ones(int(counts.sum())), *{start})
 check_close(step_weighted[2].sum(), torch.tensor(1.0), f"the sum of the mixing weights for integer weights summing to {{int(counts.sum())}}",
-            hint="pi_k = N_k / sum_l w_l: divide by the total weight, not by 1")
+            hint="the weights need not sum to one: normalize the mixing weights by the total weight")
 for a, b, name in zip(step_weighted, step_repeated, ("means", "{what}", "mixing weights")):
     check_close(a, b, f"{{name}} with integer weights, against the points repeated")
 """
@@ -614,7 +643,7 @@ def weighted_log_likelihood(means, cov, mixing):
     return float(weights.numpy() @ np.log(dens))
 """ + _EM_CHECKS.format(start="(means0, cov0, mixing0)", shape="(2, 2)", what="the shared covariance", arg="cov",
                         cov_k="cov0.numpy()", cov_leaf="cov_leaf", what_q="the shared covariance",
-                        hint='"Q pools the scatter of every component around its own new mean; log|Sigma| carries the total weight"') + HIDDEN.format(task="weighted_em_step"),
+                        hint='"collect every term of Q of Proposition 4.7 in which the one shared Sigma appears, from every component"') + HIDDEN.format(task="weighted_em_step"),
     },
 }
 
@@ -667,7 +696,7 @@ def weighted_log_likelihood(means, variances, mixing):
 """ + _EM_CHECKS.format(start="(means0, variances0, mixing0)", shape="(K,)", what="variances", arg="variances",
                         cov_k="variances0[k].item() * np.eye(2)", cov_leaf="variances_leaf[:, None, None] * torch.eye(2)",
                         what_q="the variances",
-                        hint='"an isotropic Gaussian in D dimensions spreads its squared distance over D coordinates"') + HIDDEN.format(task="weighted_em_step"),
+                        hint='"a factor is missing or extra: differentiate the log-determinant of s_k I, in D dimensions, in s_k"') + HIDDEN.format(task="weighted_em_step"),
     },
 }
 
@@ -753,8 +782,8 @@ from coursework import check_close, check_shape, own
 """ + _RIEMANN.format(function="tp_power_integral") + """    for alpha in (0.5, 1.5, 3.0):
         riemann = (p**alpha).sum() * cell
         check_close(torch.as_tensor(f(Sigma, alpha)).reshape(()), riemann, f"the integral of p^{alpha} in D = {D}, against a Riemann sum",
-                    atol=1e-4, hint="change variables to the unit ball, as in the proof of Lemma 4.3, then a Beta integral whose"
-                    " second argument depends on alpha")
+                    atol=1e-4, hint="change variables to the unit ball, as in the proof of Lemma 4.3, then a Beta integral"
+                    " (Task 6 (a)); your formula must give 1 at alpha = 1")
 A = torch.randn(2, 3, 3, 3, generator=torch.Generator().manual_seed(6))
 check_shape(f(A @ A.transpose(-1, -2) + 0.5 * torch.eye(3), 2.5), (2, 3), "the integral for a (2, 3, 3, 3) batch of scales")
 """ + HIDDEN.format(task="tp_squared_integral"),

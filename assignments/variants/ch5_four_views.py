@@ -75,17 +75,16 @@ check_shape(p_star, (m,), "p*")
 check_shape(value, (), "the value")
 objective = lambda p: p @ C + eps * (p * torch.log(p / u)).sum(-1) + delta * (p * torch.log(p)).sum(-1)
 check_close(p_star.sum(), torch.tensor(1.0), "the total mass of p*")
-# on the simplex, with p* > 0: C_j + eps log(p*_j / u_j) + delta log p*_j is one number for every key
-stationary = C + eps * torch.log(p_star / u) + delta * torch.log(p_star)
+# on the simplex, with p* > 0: the gradient of the objective (by autograd) is one number for every key
+p_leaf = p_star.detach().clone().requires_grad_(True)
+(stationary,) = torch.autograd.grad(objective(p_leaf), p_leaf)
 lemma = torch.softmax(torch.log(u) - C / eps, dim=-1)
-flat = torch.softmax(torch.log(u) - C / (eps + delta), dim=-1)
-check_close(stationary - stationary.mean(), torch.zeros(m), "C_j + eps log(p*_j / u_j) + delta log p*_j minus its mean "
+check_close(stationary - stationary.mean(), torch.zeros(m), "the gradient of the objective at p* minus its mean "
             "(stationarity on the simplex)",
             hint="yours is the Gibbs measure of Lemma 5.1: the bonus changes the temperature and the base measure"
             if torch.allclose(p_star, lemma, atol=1e-12) else
-            "the temperature is right, the base measure is not: collect the terms in log p_j and those in log u_j"
-            if torch.allclose(p_star, flat, atol=1e-12) else
-            "write the objective as sum_j p_j (C_j - eps log u_j + (eps + delta) log p_j), as in the proof of (5.3)")
+            "collect the terms in log p_j and those in log u_j, and write the objective as a multiple of a KL divergence"
+            " plus a constant, as in the proof of (5.3)")
 check_close(value, objective(p_star), "the value against the objective at p*")
 others = torch.distributions.Dirichlet(torch.ones(m)).sample((200,))
 check(torch.all(value <= objective(others) + 1e-13), "the value",
@@ -100,7 +99,7 @@ u_masked = u_masked / u_masked.sum()
 p_masked, value_masked = f(C, eps, u_masked, delta)
 check(bool(p_masked[2] == 0) and bool(torch.isfinite(value_masked)), "a key with u_j = 0",
       "weight exactly 0 and a finite value", f"weight {p_masked[2].item():.3g}, value {value_masked.item():.6g}",
-      hint="a power of u_j = 0 is 0, and its logarithm is -inf: keep that key out of the sum")
+      hint="the logarithm of u_j = 0 is -inf: keep that key out of the sum, with weight 0")
 p_big, value_big = f(C - 1000 * (eps + delta), eps, u, delta)
 check_close(p_big, p_star, "p* for the costs C - 1000 (eps + delta) (no overflow)",
             hint="stay in log space: shift the exponents by their largest value before exponentiating")
@@ -146,7 +145,7 @@ an infinite cost gets weight $0$ and adds nothing to the value (no `nan`).""",
     return p_star, eps * (1 - p_star.sum(-1))
     ### END SOLUTION''',
         "test_gibbs": '''# Task 1: stationarity without a multiplier, the value is the minimum over p >= 0 and its gradient the plan;
-# the plan normalized is Lemma 5.1's; masked and forbidden keys; large costs; batches.
+# masked and forbidden keys; large costs; batches.
 from coursework import check, check_close, check_shape, own
 
 f = own(unbalanced_gibbs, globals())
@@ -159,8 +158,10 @@ p_star, value = f(C, eps, u)
 check_shape(p_star, (m,), "p*")
 check_shape(value, (), "the value")
 objective = lambda p: p @ C + eps * (p * torch.log(p / u) - p + u).sum(-1)
-# without a constraint the partial derivatives vanish: C_j + eps log(p*_j / u_j) = 0 for every key
-check_close(C + eps * torch.log(p_star / u), torch.zeros(m), "C_j + eps log(p*_j / u_j) (stationarity over p >= 0)",
+# without a constraint the partial derivatives of the objective (by autograd) vanish at p* > 0
+p_leaf = p_star.detach().clone().requires_grad_(True)
+(stationary,) = torch.autograd.grad(objective(p_leaf), p_leaf)
+check_close(stationary, torch.zeros(m), "the gradient of the objective at p* (stationarity over p >= 0)",
             hint="yours sums to one: without the constraint there is no multiplier to fix the mass"
             if abs(p_star.sum().item() - 1) < 1e-12 else "set the partial derivatives of the objective to zero")
 check_close(value, objective(p_star), "the value against the objective at p*",
@@ -172,7 +173,6 @@ check(torch.all(value <= objective(others) + 1e-13), "the value",
 C_leaf = C.clone().requires_grad_(True)
 (grad,) = torch.autograd.grad(f(C_leaf, eps, u)[1], C_leaf)
 check_close(grad, p_star, "the gradient of the value in the costs (the plan, by the envelope theorem)")
-check_close(p_star / p_star.sum(), torch.softmax(torch.log(u) - C / eps, dim=-1), "p* / (its mass), against Lemma 5.1's minimizer")
 u_masked = u.clone()
 u_masked[2] = 0.0
 u_masked = u_masked / u_masked.sum()
@@ -182,7 +182,7 @@ p_masked, value_masked = f(C_forbidden, eps, u_masked)
 check(bool(p_masked[2] == 0 and p_masked[4] == 0) and bool(torch.isfinite(value_masked)),
       "a key with u_j = 0 and a key with cost +inf", "weights exactly 0 and a finite value",
       f"weights {p_masked[2].item():.3g} and {p_masked[4].item():.3g}, value {value_masked.item():.6g}",
-      hint="0 * log 0 and 0 * inf are nan: write the value in closed form, in which such a key contributes nothing")
+      hint="0 * log 0 and 0 * inf are nan: write the value so that such a key contributes nothing")
 p_big, value_big = f(C + 1000 * eps, eps, u)
 check_close(value_big, torch.tensor(eps), "the value for the costs C + 1000 eps (a plan of mass about 0)", atol=1e-12)
 check_shape(f(C.expand(3, 4, m), eps, u)[1], (3, 4), "the value for a (3, 4, 6) batch of costs")
@@ -256,7 +256,8 @@ check_shape(P_fenchel, (M, N), "generalized_attention's weights on your argument
 check_close(P_fenchel, P_kernel, "generalized_attention's weights on your arguments, against the Gaussian kernel's",
             hint="yours are the weights of the dot-product potential: expand the squared distance"
             if torch.allclose(P_fenchel, P_dot, atol=1e-12) else
-            "the term of the potential that depends on the key alone is not a score of the Fenchel view")
+            "not all of the potential is a score alpha <t_j, z>: find the part that is not, and the argument of"
+            " generalized_attention that can carry it (the dictionary (5.4))")
 check_close(P_eot, P_kernel, "one_sided_eot's plan on your arguments, against the Gaussian kernel's",
             hint="yours is the plan of the dot-product potential: which cost gives the scores -s |q - k|^2?"
             if torch.allclose(P_eot, P_dot, atol=1e-12) else "the dictionary (5.5) reads a = -C / eps")
@@ -265,7 +266,7 @@ _, P_far = attention_kernel(q + offset, k + offset, key_weights=w, similarity="g
 far = own(to_fenchel, globals())(q + offset, k + offset, w, scale)
 check(bool(torch.isfinite(torch.as_tensor(far["u"])).all()), "your preference u for queries and keys shifted by one vector"
       " of size 40", "finite numbers", far["u"],
-      hint="exp(-s |k|^2) is 0 in floating point far from the origin, and 0 / 0 is nan: normalize in log space")
+      hint="far from the origin your unnormalized preference underflows to 0, and 0 / 0 is nan: normalize in log space")
 _, P_fenchel_far = generalized_attention(**far)
 check_close(P_fenchel_far, P_far, "generalized_attention's weights for queries and keys shifted by one vector of size 40",
             atol=1e-11)
@@ -334,7 +335,7 @@ P_eot = one_sided_eot(**own(to_eot, globals())(q, k, w, bias, scale), regularize
 check_shape(P_fenchel, (M, N), "generalized_attention's weights on your arguments")
 check_close(P_fenchel, P_kernel, "generalized_attention's weights on your arguments, against the kernel's",
             hint="yours ignore the bias" if torch.allclose(P_fenchel, P_dot, atol=1e-12) else
-            "the bias does not scale with the evidence: it belongs to the preference, as in Proposition 1.7")
+            "the bias does not scale with the evidence: see how T5's attention, Proposition 1.7, carries it")
 check_close(P_eot, P_kernel, "one_sided_eot's plan on your arguments, against the kernel's",
             hint="yours ignores the bias" if torch.allclose(P_eot, P_dot, atol=1e-12) else
             "the dictionary (5.5) reads a = -C / eps: mind the factor eps on the bias")
@@ -376,7 +377,7 @@ Gibbs measure approximate it, and why?
 Implement `grid_softmax_uneven(theta, t)`: for `theta` of shape `(2,)` and a sorted 1-D grid `t`
 (uneven, at least two points), return `(p, mean, var)`: the weights of that discrete Gibbs measure
 on the grid and their mean and variance. Stay in log space. The test checks that on a fine, wide,
-uneven grid these are the Gaussian's (to the accuracy of the trapezoid rule on the same points), and that the discrete attention $\\sum_lp_l\\psi(t_l)$ equals
+uneven grid these are the Gaussian's (to the accuracy of a quadrature rule on the same points), and that the discrete attention $\\sum_lp_l\\psi(t_l)$ equals
 continuous softmax.""",
         "grid_softmax": '''def grid_softmax_uneven(theta, t):
     """The discrete Gibbs measure on the uneven grid t that approximates continuous softmax, its mean and variance."""
@@ -406,7 +407,8 @@ plain = torch.softmax(theta[0] * t + theta[1] * t**2, dim=-1)
 check_close(torch.as_tensor(mean), torch.tensor(mu0), "the mean on the uneven grid", atol=1e-8,
             hint="yours is the plain discrete softmax, whose base measure counts points: on an uneven grid it"
             " over-weights the region where the points are dense" if torch.allclose(p, plain, atol=1e-12) else
-            "each point stands for the stretch of the line around it")
+            "the discrete Gibbs measure must approximate a density: which weights make a sum over these points"
+            " approximate an integral against Lebesgue measure?")
 check_close(torch.as_tensor(var), torch.tensor(sigma0**2), "the variance on the uneven grid", atol=1e-8,
             hint="the variance is sum_l p_l (t_l - mean)^2")
 basis = GaussianRBF(torch.linspace(0, 1, 16), 0.08)
@@ -460,7 +462,7 @@ $\\sum_lq_l\\psi(t_l)$ equals continuous sparsemax.""",
     ### END SOLUTION''',
         "test_grid_softmax": '''# Task 3: on a fine grid the discrete sparsemax at the right temperature has the truncated parabola's moments
 # and gives continuous sparsemax.
-from attnopt.continuous import continuous_sparsemax
+from attnopt.continuous import continuous_density, continuous_sparsemax
 from attnopt.value_functions import GaussianRBF
 from coursework import check, check_close, check_shape, own
 
@@ -471,16 +473,22 @@ t = torch.linspace(-1.5, 2.5, 4001)
 q, mean, var = f(theta, t)
 check_shape(q, (4001,), "q on a grid of 4001 points")
 check(torch.all(q >= 0), "the weights on the grid", ">= 0", q.min())
-half_width = (1.5 * scale) ** (1 / 3)  # from the integral of [f - lambda]_+ being one
+# the truncated parabola [f - lambda]_+ from attnopt, integrated by a Riemann sum on a much finer grid
+fine = torch.linspace(-1.5, 2.5, 400001)
+h_fine = (fine[1] - fine[0]).item()
+density = continuous_density(fine[:, None], torch.tensor([mu0]), torch.tensor([[scale]]), family="truncated_paraboloid")
+width = int((density > 0).sum()) * h_fine
+mean_ref = (fine * density).sum() * h_fine
+var_ref = ((fine - mean_ref) ** 2 * density).sum() * h_fine
 support = int((q > 0).sum())
-check(abs(support * (t[1] - t[0]).item() - 2 * half_width) < 0.01, "the width of the support of q",
-      f"about {2 * half_width:.4f}, the truncated parabola's", f"{support} points, {support * (t[1] - t[0]).item():.4f}",
+check(abs(support * (t[1] - t[0]).item() - width) < 0.01, "the width of the support of q",
+      f"about {width:.4f}, the truncated parabola's", f"{support} points, {support * (t[1] - t[0]).item():.4f}",
       hint="too narrow: the temperature is too low (at temperature 1 the discrete sparsemax collapses onto the mode as"
-      " the grid is refined); the squared norm of q does not discretize like the integral of p^2" if support * (t[1] - t[0]).item() < half_width else
+      " the grid is refined); the squared norm of q does not discretize like the integral of p^2" if support * (t[1] - t[0]).item() < width / 2 else
       "discretize both terms of the objective with q_l = h p(t_l)")
 check_close(q.sum(), torch.tensor(1.0), "the total mass of q", atol=1e-10)
-check_close(torch.as_tensor(mean), torch.tensor(mu0), "the mean on the grid", atol=1e-6)
-check_close(torch.as_tensor(var), torch.tensor(half_width**2 / 5), "the variance on the grid (a^2 / 5, a the half-width)",
+check_close(torch.as_tensor(mean), mean_ref, "the mean on the grid, against the truncated parabola's", atol=1e-6)
+check_close(torch.as_tensor(var), var_ref, "the variance on the grid, against the truncated parabola's (by quadrature)",
             atol=1e-6, hint="the variance is sum_l q_l (t_l - mean)^2")
 basis = GaussianRBF(torch.linspace(0, 1, 16), 0.08)
 r_discrete = q @ basis(t[:, None])
@@ -532,7 +540,7 @@ checks that, unlike the entropic view, it has exact zeros.""",
     return p / p.sum(-1, keepdim=True)
     ### END SOLUTION''',
         "test_sparse_eot": '''# Task 4: the plan of the shifted entropy is one_sided_eot's for this omega; exact zeros, unlike softmax;
-# the closed form where every key is in the support; a forbidden key.
+# a plan with every key in the support is stationary; a forbidden key.
 from attnopt.transforms import one_sided_eot
 from coursework import check, check_close, check_shape, own
 
@@ -553,10 +561,17 @@ check_close(p, reference, "the plan against one_sided_eot with omega(p) = (p + c
             "write the stationarity condition C_j + eps omega'(p_j) = lambda on the support and solve it for p_j")
 check(bool((p == 0).any()), "the number of exact zeros", "at least one", "none",
       hint="clamp at 0: a key whose formula is negative gets weight 0")
-# with eps large enough every key is in the support, and then p = (1 + m c) softmax(-C / eps) - c
+# with eps large enough every key is in the support, and there the gradient of the objective (by autograd)
+# is one number for every key of a row
 C = torch.randn(4, 6, generator=g)
-check_close(f(C, 20.0, 0.01), 1.06 * torch.softmax(-C / 20.0, dim=-1) - 0.01, "the plan with full support (eps = 20, c = 0.01)",
-            atol=1e-12)
+p_full = f(C, 20.0, 0.01)
+check(bool(torch.all(p_full > 0)), "the plan for eps = 20, c = 0.01", "every weight > 0", p_full.min())
+check_close(p_full, one_sided_eot(C, eps=20.0, regularizer=lambda x: 1 + torch.log(x + 0.01)),
+            "the plan with full support (eps = 20, c = 0.01), against one_sided_eot", atol=1e-12)
+p_leaf = p_full.detach().clone().requires_grad_(True)
+(gradient,) = torch.autograd.grad((p_leaf * C).sum() + 20.0 * ((p_leaf + 0.01) * torch.log(p_leaf + 0.01)).sum(), p_leaf)
+check_close(gradient - gradient.mean(-1, keepdim=True), torch.zeros(4, 6),
+            "the gradient of the objective at the plan minus its row mean (stationarity, eps = 20, c = 0.01)", atol=1e-11)
 forbidden = torch.tensor([0.3, float("inf"), -0.2, 1.0])
 check_close(f(forbidden, 0.5, 0.1), one_sided_eot(forbidden, eps=0.5, regularizer=lambda x: 1 + torch.log(x + 0.1)),
             "the plan with a forbidden key (cost +inf)", atol=1e-10)
@@ -622,7 +637,8 @@ check_close(p, expected, "the plan against entmax(scores / eps, 1.5)", atol=1e-1
             "yours is the entropic plan" if torch.allclose(p, torch.softmax(scores / eps, dim=-1), atol=1e-8) else
             "solve the stationarity condition C_j + eps omega'(p_j) = lambda for p_j on the support; mind the factors of alpha")
 check(bool((p == 0).any()), "the number of exact zeros", "at least one", "none",
-      hint="clamp at 0 before squaring: a key below the threshold gets weight 0")
+      hint="a key below the threshold gets weight exactly 0 (the threshold form of Theorem 3.2): where the stationarity"
+      " condition has no solution p_j >= 0, the weight is 0")
 forbidden = torch.tensor([0.3, float("inf"), -0.2, 1.0])
 check_close(f(forbidden, 0.5), entmax(-forbidden / 0.5, 1.5), "the plan with a forbidden key (cost +inf)", atol=1e-10)
 ''' + HIDDEN.format(task="sparse_eot"),
@@ -741,7 +757,7 @@ for forbidden in (False, True):
     check_shape(dF, (3,), f"F'(eps) for (3, 6) costs, {which}")
     check_shape(d2F, (3,), f"F''(eps) for (3, 6) costs, {which}")
     check_close(F_, value(eps, cost), f"F(eps), {which}",
-                hint="0 * inf is nan at a forbidden key: write F through the multiplier and |p*|^2" if not torch.isfinite(F_).all()
+                hint="0 * inf is nan at a forbidden key: leave such a key out of every sum" if not torch.isfinite(F_).all()
                 else "F is the objective at the plan")
     check_close(dF, (value(eps + step, cost) - value(eps - step, cost)) / (2 * step),
                 f"F'(eps), {which}, against central differences", atol=1e-7,
