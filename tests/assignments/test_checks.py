@@ -320,15 +320,14 @@ def test_no_hint_hands_over_code():
     assert "the baseline is E_p[u] = sum_j p_j u_j" in hint_texts("".join(
         next(c for c in cells("ch3_one_sided_eot") if grade_id(c) == "test_softmax_backward")["source"]))
     # the same holds for the test cells of every variant a course may draw
-    in_variants = {(name, gid, v): text for name in tool.assignment_names()
-                   for gid, variants in tool.task_variants(name).items() for v, variant in enumerate(variants, 1)
-                   for cell_id, source in variant["cells"].items()
-                   if cell_id.startswith("test_") and isinstance(source, str)
+    variant_tests = [(name, cell_id, v, source) for name in tool.assignment_names()
+                     for variants in tool.task_variants(name).values() for v, variant in enumerate(variants, 1)
+                     for cell_id, source in variant["cells"].items()
+                     if cell_id.startswith("test_") and isinstance(source, str)]
+    in_variants = {(name, cell_id, v): text for name, cell_id, v, source in variant_tests
                    for text in hint_texts(source) if any(k in text for k in code)}
     assert not in_variants, in_variants
-    scanned = [source for name in tool.assignment_names() for variants in tool.task_variants(name).values()
-               for variant in variants for cell_id, source in variant["cells"].items()
-               if cell_id.startswith("test_") and isinstance(source, str) and hint_texts(source)]
+    scanned = [source for *_, source in variant_tests if hint_texts(source)]
     assert len(scanned) > 20, "the scan of the variants' test cells found almost no hint: it would prove nothing"
 
 
