@@ -81,10 +81,10 @@ def test_learning_curve_claims(results):
     # "The single-ellipse heads never learn them (below 70% at every epoch)"
     for h in ("continuous_softmax", "continuous_sparsemax"):
         assert max(max(c) for c in accuracy[h]) < 0.70, h
-    # "for six epochs every seed stays below 60%, with less than a fifth of its attention on the
+    # "for five epochs every seed stays below 60%, with less than a fifth of its attention on the
     # two objects"
-    assert all(max(c[:6]) < 0.60 for c in accuracy["mixture"])
-    assert all(max(p[:6]) < 0.20 for p in precision["mixture"])
+    assert all(max(c[:5]) < 0.60 for c in accuracy["mixture"])
+    assert all(max(p[:5]) < 0.20 for p in precision["mixture"])
     # "It then leaves the plateau (first above 75%) by its tenth epoch, and its precision jumps with
     # its accuracy, to more than 40% at the end, the most precise attention of the trained heads"
     escape = [next(e for e, a in enumerate(c, start=1) if a > 0.75) for c in accuracy["mixture"]]
@@ -110,10 +110,10 @@ def test_selection_sweep_claims(results):
     # "the share of K* = 1 grows with κ"
     ones = [shares[p][0] for p in penalties]
     assert all(a <= b for a, b in zip(ones, ones[1:]))
-    # "it stays within one point of its value at κ = 0 for every penalty, and same-shape questions
+    # "it stays within two points of its value at κ = 0 for every penalty, and same-shape questions
     # stay near chance"
     overall = {float(p): v for p, v in r["sweep_overall"].items()}
-    assert all(abs(overall[p] - overall[0.0]) < 0.01 for p in penalties)
+    assert all(abs(overall[p] - overall[0.0]) < 0.02 for p in penalties)
     assert all(abs(v - 0.5) < 0.05 for v in r["sweep_same_shape"].values())
 
 

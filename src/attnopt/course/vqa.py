@@ -514,7 +514,7 @@ def evaluate(model: VQAModel, data: SyntheticVQA | VQABatch, features: torch.Ten
     with training.eval_mode(model):
         for s in range(0, len(data), batch_size):
             b = data.index(slice(s, s + batch_size))
-            out = model(features[b.scene].to(dev), b.questions.to(dev))
+            out = model(training.gather_scenes(features, b.scene).to(dev), b.questions.to(dev))
             correct.append((out.logits.argmax(-1) == b.answers.to(dev)).cpu())
             precision.append(attention_precision(attention_map(out), b.grid_masks.to(dev)).cpu())
     return training.summary(torch.cat(correct).float(), data.answer_types.cpu(), data.families.cpu(), torch.cat(precision))
