@@ -435,26 +435,37 @@ def _contents_toggle(page) -> str | None:
     return None
 
 
-def mobile_visit(browser, url: str, device: str) -> dict:
-    """Open ``url`` on ``device`` (a key of :data:`DEVICES`), let MathJax typeset and return what the
-    page shows, and whether its contents open and close (``toggle``: None or what went wrong)."""
+def device_tab(browser, device: str, local: str):
+    """``(context, page)``: a tab on ``device`` (a key of :data:`DEVICES`) whose context reaches only
+    the server at ``local``; the caller closes the context."""
     context = browser.new_context(**DEVICES[device])
-    local = "/".join(url.split("/", 3)[:3])
     context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(local) else route.abort())
-    page = context.new_page()
+    return context, context.new_page()
+
+
+def read_mobile(page, url: str) -> dict:
+    """Load ``url`` in a tab of :func:`device_tab`, let MathJax typeset, and return what the page shows
+    and whether its contents open and close (``toggle``: None or what went wrong)."""
+    page.goto(url, wait_until="load")
+    with contextlib.suppress(Exception):
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=10_000)
+        page.evaluate("() => MathJax.startup.promise")
+        # typeset and fitted (book/assets/maths_fit.js sets this after MathJax's first pass)
+        page.wait_for_function("() => document.documentElement.dataset.mathsFitted === 'true'", timeout=20_000)
+    page.wait_for_timeout(100)
+    info = page.evaluate(_MOBILE_SCRIPT)
+    info["toggle"] = _contents_toggle(page)
+    return info
+
+
+def mobile_visit(browser, url: str, device: str) -> dict:
+    """Open ``url`` on ``device`` (a key of :data:`DEVICES`) in a new context and return
+    :func:`read_mobile`'s reading of it."""
+    context, page = device_tab(browser, device, "/".join(url.split("/", 3)[:3]))
     try:
-        page.goto(url, wait_until="load")
-        with contextlib.suppress(Exception):
-            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=10_000)
-            page.evaluate("() => MathJax.startup.promise")
-            # typeset and fitted (book/assets/maths_fit.js sets this after MathJax's first pass)
-            page.wait_for_function("() => document.documentElement.dataset.mathsFitted === 'true'", timeout=20_000)
-        page.wait_for_timeout(100)
-        info = page.evaluate(_MOBILE_SCRIPT)
-        info["toggle"] = _contents_toggle(page)
+        return read_mobile(page, url)
     finally:
         context.close()
-    return info
 
 
 def mobile_audit(html_dir: Path, pages: list[str] | None = None, browser=None,
@@ -470,7 +481,22 @@ def mobile_audit(html_dir: Path, pages: list[str] | None = None, browser=None,
 
         @contextlib.contextmanager
         def open_worker(b):
-            yield lambda item: mobile_visit(b, f"{base}/{item[1]}", item[0])
+            # one tab per device for all of this browser's pages, as the desk pass keeps one: a new
+            # context per page would fetch and compile the theme's and MathJax's scripts every time
+            # (about 40 % of a visit here); each page is a new document, so nothing else carries over
+            tabs = {}
+
+            def check(item):
+                device, rel = item
+                if device not in tabs:
+                    tabs[device] = device_tab(b, device, base)
+                return read_mobile(tabs[device][1], f"{base}/{rel}")
+
+            try:
+                yield check
+            finally:
+                for context, _ in tabs.values():
+                    context.close()
 
         visits = dict(zip(items, map_pages(items, open_worker, browser, n_workers)))
     for device in devices:
