@@ -359,6 +359,22 @@ def mobile_findings(html_dir, browser):
 
 
 
+@pytest.mark.parametrize("device", list(site_audit.DEVICES))
+def test_a_tab_kept_for_many_pages_reads_what_a_fresh_context_reads(browser, server, device):
+    """The phone and tablet pass keeps one tab per device for all its pages (a new context per page
+    cost about 40 % more): a page read there, after others with their contents opened and closed,
+    must show exactly what it shows in a context of its own (every position, size and finding)."""
+    pages = [CONTENTS_PAGES[0], DENSE_PAGES[1], *explorer_pages()[:1], DENSE_PAGES[0]]
+    context, page = site_audit.device_tab(browser, device, server)
+    try:
+        kept = [site_audit.read_mobile(page, f"{server}/{rel}") for rel in pages]
+    finally:
+        context.close()
+    for rel, reading in zip(pages[1:], kept[1:]):  # each after at least one other page
+        fresh = site_audit.mobile_visit(browser, f"{server}/{rel}", device)
+        assert reading == fresh, f"{device} {rel}: the kept tab reads {reading}, a fresh context {fresh}"
+
+
 def test_a_page_that_opens_with_a_box_is_found(tmp_path, browser):
     """The first-screen check of the phone pass fails on a page whose first sentence sits under a
     tall box (chapter 3 once opened with its Sources: its first sentence 1,677 px down on a phone)."""
