@@ -44,23 +44,54 @@ def explorer_pages() -> list[str]:
                   and 'class="page-explorer"' in p.read_text(encoding="utf-8"))
 
 
-def _open(browser, server, path, device, *, block=()):
-    context = browser.new_context(**DEVICES[device])
+class _Tab:
+    """What :func:`_open` returns in place of a context: ``close()`` closes the tab, and the shared
+    context too only if it was the tab's own."""
 
+    def __init__(self, page, context=None):
+        self.page, self.context = page, context
+
+    def close(self):
+        (self.context or self.page).close()
+
+
+_SHARED: dict[tuple, object] = {}  # (browser, server, device) -> a context every test's tab opens in
+
+
+def _context(browser, server, device, block=()):
     def route(r):
         if not r.request.url.startswith(server) or any(name in r.request.url for name in block):
             return r.abort()
         return r.continue_()
 
+    context = browser.new_context(**DEVICES[device])
     context.route("**/*", route)
-    page = context.new_page()
+    return context
+
+
+def _open(browser, server, path, device, *, block=(), fresh=False):
+    """A new tab on ``device`` at ``path``, typeset and fitted; ``(tab, page)`` with ``tab.close()``.
+
+    Tabs open in one context per browser and device (a context of its own costs about a fifth more
+    per load; a tab kept for many pages reads exactly what a fresh context reads, see
+    test_a_tab_kept_for_many_pages_reads_what_a_fresh_context_reads); with ``block`` or ``fresh``
+    the tab gets a context of its own."""
+    if block or fresh:
+        own = _context(browser, server, device, block)
+        page = own.new_page()
+    else:
+        key = (id(browser), server, device)
+        shared = _SHARED.get(key)
+        if shared is None or shared.browser is not browser or not browser.is_connected():
+            shared = _SHARED[key] = _context(browser, server, device)
+        own, page = None, shared.new_page()
     page.goto(f"{server}/{path}", wait_until="load")
     if page.evaluate("() => document.querySelector('script[src*=\"mathjax\"]') !== null"):
         page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000)
         page.evaluate("() => MathJax.startup.promise")
         # typeset and fitted (book/assets/maths_fit.js); MathJax's promise resolves before that
         page.wait_for_function("() => document.documentElement.dataset.mathsFitted === 'true'", timeout=30_000)
-    return context, page
+    return _Tab(page, own), page
 
 
 def _shot(page, name):
@@ -509,7 +540,7 @@ def _fetched(page) -> list[str]:
 
 
 def _visit(browser, server, path) -> list[str]:
-    context, page = _open(browser, server, path, "phone")
+    context, page = _open(browser, server, path, "phone", fresh=True)
     try:
         page.wait_for_timeout(1000)  # fonts and late images
         return _fetched(page)
