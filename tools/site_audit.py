@@ -482,8 +482,9 @@ def mobile_audit(html_dir: Path, pages: list[str] | None = None, browser=None,
         @contextlib.contextmanager
         def open_worker(b):
             # one tab per device for all of this browser's pages, as the desk pass keeps one: a new
-            # context per page would fetch and compile the theme's and MathJax's scripts every time
-            # (about 40 % of a visit here); each page is a new document, so nothing else carries over
+            # context per page (its set-up and a new renderer every time; the routing turns the HTTP
+            # cache off either way) made the pass take about 1.5 times as long here; each page is a
+            # new document, and test_mobile checks that a kept tab reads what a fresh context reads
             tabs = {}
 
             def check(item):

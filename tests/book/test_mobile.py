@@ -393,7 +393,7 @@ def mobile_findings(html_dir, browser):
 @pytest.mark.parametrize("device", list(site_audit.DEVICES))
 def test_a_tab_kept_for_many_pages_reads_what_a_fresh_context_reads(browser, server, device):
     """The phone and tablet pass keeps one tab per device for all its pages (a new context per page
-    cost about 40 % more): a page read there, after others with their contents opened and closed,
+    made the pass take about 1.5 times as long): a page read there, after others with their contents opened and closed,
     must show exactly what it shows in a context of its own (every position, size and finding)."""
     pages = [CONTENTS_PAGES[0], DENSE_PAGES[1], *explorer_pages()[:1], DENSE_PAGES[0]]
     context, page = site_audit.device_tab(browser, device, server)
