@@ -71,7 +71,9 @@ test: $(STAMP)
 	# them); then the HTML and the student edition, two Sphinx builds of the same staged sources on
 	# one core each; then the PDF from the HTML
 	$(STAGE) notebooks-lab-builds $(MAKE) -j2 lab-test pdf student-book
-	$(STAGE) site $(BIN)/python -m pytest tests/book
+	# the browser checks in two xdist processes too (one page at a time kept a core and a half busy);
+	# each pass over every page stays in one process (tests/book/conftest.py: SHARED_PASSES)
+	$(STAGE) site $(BIN)/python -m pytest -n auto tests/book
 
 # JupyterLab in a browser: an explorer notebook runs and its widgets answer a slider (tests/lab)
 lab-test: $(STAMP)
