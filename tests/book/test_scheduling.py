@@ -2,6 +2,7 @@
 computed once per process: every test that uses one must be scheduled with the others that use it
 (tests/book/conftest.py: ``SHARED_PASSES``), or the pass runs once more in the other process."""
 
+from book_paths import ROOT
 from conftest import SHARED_PASSES, shared_pass
 
 # the fixture through which a test gets a shared pass, and the pass
@@ -10,15 +11,19 @@ PASS_FIXTURES = {"findings": "desk_pass", "every_page": "desk_pass", "mobile_fin
 
 
 def test_every_test_of_a_shared_pass_is_scheduled_with_it(request):
-    seen = set()
     for item in request.session.items:
         for fixture, name in PASS_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
                 assert shared_pass(item.nodeid) == name, f"{item.nodeid} uses {fixture} outside its pass"
-                seen.add(name)
-    # when the whole suite runs, every pass is used (a pass named here that no test uses is stale)
-    if len(request.session.items) > 200:
-        assert seen == set(SHARED_PASSES.values()), seen
+
+
+def test_every_name_in_the_schedule_is_a_test_or_module_that_exists():
+    """A renamed test would silently leave its pass's schedule (and the pass would run twice)."""
+    assert set(SHARED_PASSES.values()) == set(PASS_FIXTURES.values())
+    for key in SHARED_PASSES:
+        path, _, test = key.partition("::")
+        source = (ROOT / path).read_text(encoding="utf-8")
+        assert not test or f"\ndef {test}(" in source, f"{key}: no such test"
 
 
 def test_other_tests_are_units_of_their_own():
