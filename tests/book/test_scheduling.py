@@ -31,3 +31,24 @@ def test_other_tests_are_units_of_their_own():
     assert shared_pass("tests/book/test_reader.py::test_screenshots[book/preface.html]") is None
     assert shared_pass("tests/book/test_html.py::test_no_broken_internal_links") == "html_soups"
     assert shared_pass("tests/book/test_accessibility.py::test_axe_wcag21_aa_on_every_page[dark]") == "desk_pass"
+
+
+def test_two_workers_keep_a_pass_in_one_process(html_dir):
+    """The scheduler at work: under ``pytest -n 2`` every test of test_html (one pass: the parsed
+    pages) runs in one worker, while the other tests are shared out (a newer pytest-xdist that no
+    longer calls the scheduler's ``_split_scope`` would fail here)."""
+    import re
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider",
+                          "tests/book/test_html.py", "tests/book/test_results_ch1.py", "tests/book/test_results_ch2.py"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    ran = re.findall(r"\[(gw\d+)\]\s+\[\s*\d+%\]\s+PASSED\s+(tests/book/\S+?)::", run.stdout)
+    workers = {}
+    for worker, module in ran:
+        workers.setdefault(module, set()).add(worker)
+    assert len(ran) > 30 and len(workers) == 3, run.stdout[-3000:]
+    assert len(workers["tests/book/test_html.py"]) == 1, workers
+    assert len(set().union(*workers.values())) == 2, workers  # the rest went to the other worker too
